@@ -1,6 +1,7 @@
 //! `include/memres.h` declares exactly the functions the library exports,
-//! and its `memres_stats_t` and `memres_steps_t` have the fields of
-//! `MemresStats` and `MemresSteps` in order.
+//! each with the C types of its Rust parameters and result, and its
+//! `memres_stats_t` and `memres_steps_t` have the fields of `MemresStats`
+//! and `MemresSteps` in order.
 
 const HEADER: &str = include_str!("../include/memres.h");
 const SOURCE: &str = include_str!("../src/lib.rs");
@@ -43,6 +44,77 @@ fn the_header_declares_every_exported_function() {
     for name in &exported {
         assert!(SOURCES.iter().any(|s| s.contains(&format!("extern \"C\" fn {name}("))), "{name}");
     }
+}
+
+/// Each declaration's result and parameters are the C types of the Rust
+/// function's: a width or a `const` changed on one side only (an `int`
+/// for an `int64_t`) was not found, as names alone were compared.
+#[test]
+fn each_declaration_has_the_types_of_its_function() {
+    let code = strip_comments(HEADER);
+    let mut checked = 0;
+    for decl in code.split(';') {
+        let Some(open) = decl.find('(') else { continue };
+        let (ret, name) = split_declared(&decl[..open]);
+        if !name.starts_with("memres_") {
+            continue;
+        }
+        let params = decl[open + 1..decl.rfind(')').unwrap()].trim();
+        let c_params: Vec<String> = match params {
+            "void" => Vec::new(),
+            _ => params.split(',').map(|p| split_declared(p).0).collect(),
+        };
+        let source = SOURCES.iter().find(|s| s.contains(&format!("extern \"C\" fn {name}("))).unwrap();
+        let sig = &source[source.find(&format!("extern \"C\" fn {name}(")).unwrap()..];
+        let sig = &sig[sig.find('(').unwrap() + 1..sig.find('{').unwrap()];
+        let (args, result) = sig.split_once(')').unwrap();
+        let rust_params: Vec<String> = args
+            .split(',')
+            .map(str::trim)
+            .filter(|a| !a.is_empty())
+            .map(|a| c_type_of(a.split_once(':').unwrap().1.trim()))
+            .collect();
+        let rust_ret = match result.trim().strip_prefix("->") {
+            Some(ty) => c_type_of(ty.trim()),
+            None => "void".to_string(),
+        };
+        assert_eq!((ret, c_params), (rust_ret, rust_params), "{name}");
+        checked += 1;
+    }
+    assert_eq!(checked, SOURCES.iter().map(|s| exported_names(s).len()).sum::<usize>());
+}
+
+/// The type and the name of a C declarator (`void *stream`, `const char
+/// *memres_x`): the type with its white space taken out (`void*`).
+fn split_declared(text: &str) -> (String, String) {
+    let text = text.trim();
+    let at = text.rfind(|c: char| !(c.is_alphanumeric() || c == '_')).map_or(0, |i| i + 1);
+    let ty: String = text[..at].chars().filter(|c| !c.is_whitespace()).collect();
+    (ty, text[at..].to_string())
+}
+
+/// The C type of a Rust parameter or result type of the library, written
+/// as `split_declared` writes it.
+fn c_type_of(rust: &str) -> String {
+    let (prefix, base) = match rust.split_once(' ') {
+        Some(("*mut", base)) => ("", format!("{}*", c_type_of(base))),
+        Some(("*const", base)) => ("const", format!("{}*", c_type_of(base))),
+        _ => {
+            let c = match rust {
+                "c_int" => "int",
+                "c_char" => "char",
+                "c_void" => "void",
+                "isize" => "ssize_t",
+                "usize" => "size_t",
+                "i64" => "int64_t",
+                "MemresStats" => "memres_stats_t",
+                "MemresSteps" => "memres_steps_t",
+                other => panic!("no C type for {other}"),
+            };
+            ("", c.to_string())
+        }
+    };
+    format!("{prefix}{base}")
 }
 
 #[test]
