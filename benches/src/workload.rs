@@ -584,14 +584,20 @@ fn push_time(times: &mut Option<Vec<u64>>, text: &str, days: &mut u64) {
 
 /// A trace's time in microseconds: memres writes microseconds since the
 /// Unix epoch, RMM a clock time `HH:MM:SS.ffffff` (read as microseconds
-/// since midnight); `None` for anything else.
+/// since midnight); `None` for anything else, a clock time that no clock
+/// shows included (`99:99:99`: read as 4 days, it ran the times of a
+/// trace backwards at the next row).
 ///
 /// ```
 /// use memres_bench::workload::time_us;
 /// assert_eq!(time_us("1795342456727905"), Some(1795342456727905));
 /// assert_eq!(time_us("14:03:21.123456"), Some(((14 * 60 + 3) * 60 + 21) * 1_000_000 + 123456));
 /// assert_eq!(time_us("14:03:21.5"), Some(((14 * 60 + 3) * 60 + 21) * 1_000_000 + 500000));
+/// assert_eq!(time_us("23:59:59.999999"), Some(86_400_000_000 - 1));
 /// assert_eq!(time_us("noon"), None);
+/// for no_clock in ["24:00:00", "99:99:99.9", "12:60:00", "12:00:60"] {
+///     assert_eq!(time_us(no_clock), None, "{no_clock}");
+/// }
 /// ```
 pub fn time_us(text: &str) -> Option<u64> {
     if let Ok(us) = text.parse::<u64>() {
@@ -607,12 +613,9 @@ pub fn time_us(text: &str) -> Option<u64> {
     if fraction.len() > 6 || !fraction.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
+    if h >= 24 || m >= 60 || sec >= 60 {
+        return None;
+    }
     let micros = format!("{fraction:0<6}").parse::<u64>().ok()?;
-    // A clock past u64's microseconds is no time.
-    h.checked_mul(60)?
-        .checked_add(m)?
-        .checked_mul(60)?
-        .checked_add(sec)?
-        .checked_mul(1_000_000)?
-        .checked_add(micros)
+    Some(((h * 60 + m) * 60 + sec) * 1_000_000 + micros)
 }

@@ -819,10 +819,10 @@ fn a_log_that_cannot_write_its_rows_fails_the_run() {
         ("steps --every 10", "planned(log(pool(sim), file=F))"),
     ] {
         let stack = stack.replace('F', log);
-        // 8 KiB at most per file; the signal of a write past it ignored, so
-        // that the write fails instead.
-        let script =
-            format!("trap '' XFSZ; ulimit -f 16; exec {bin} {command} --stack '{stack}' random:2000:1000:1");
+        // 8 KiB at most per file. The tool ignores the signal of a write
+        // past it, so that the write fails instead (killed by it, the
+        // process said nothing: exit status 153 from the shell).
+        let script = format!("ulimit -f 16; exec {bin} {command} --stack '{stack}' random:2000:1000:1");
         let o = Command::new("sh").args(["-c", &script]).output().unwrap();
         let said = stdout(&o) + &stderr(&o);
         assert_eq!(o.status.code(), Some(1), "{command}: {:?} {said}", o.status);
@@ -832,6 +832,23 @@ fn a_log_that_cannot_write_its_rows_fails_the_run() {
         );
         assert!(std::fs::metadata(log).unwrap().len() <= 8192);
     }
+    // A timeline past the limit: its write fails, and leaves no file (nor
+    // the temporary one it was written into).
+    let timeline = dir.0.with_file_name("limited-timeline.csv");
+    let script = format!(
+        "ulimit -f 16; exec {bin} replay --passes 1 -r pool --timeline {} random:10000:1000:1",
+        timeline.display()
+    );
+    let o = Command::new("sh").args(["-c", &script]).output().unwrap();
+    let said = stdout(&o) + &stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{:?} {said}", o.status);
+    assert!(said.contains("cannot write") && said.contains("File too large"), "{said}");
+    let left: Vec<_> = std::fs::read_dir(timeline.parent().unwrap())
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.contains("limited-timeline"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
 }
 
 /// Standard output that cannot be written (`> /dev/full`) is an error, exit

@@ -245,12 +245,27 @@ fn finish(code: ExitCode, Console { out, mut err }: Console) -> ExitCode {
 }
 
 fn main() -> ExitCode {
+    ignore_file_size_signal();
     let mut console = Console { out: StdStream::new(io::stdout().lock()), err: StdStream::new(io::stderr()) };
     let code = match Cli::try_parse() {
         Ok(cli) => run(cli.command, &mut console),
         Err(e) => clap_message(&e, &mut console),
     };
     finish(code, console)
+}
+
+/// A write past the process's limit of file size (`ulimit -f`) fails with
+/// `EFBIG`, which the log, the timeline and the snapshots report as their
+/// own error (docs/replay.md), rather than killing the process by
+/// `SIGXFSZ` with nothing said and a temporary file left behind.
+fn ignore_file_size_signal() {
+    #[cfg(target_os = "linux")]
+    // SAFETY: `SIG_IGN` installs no handler: no code of this process runs
+    // on the signal, so nothing it could touch needs to be async-signal
+    // safe; the call changes only the signal's disposition.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
 }
 
 /// Prints clap's help, version or usage error as clap does (in color on a
