@@ -40,7 +40,9 @@
 //! resource is made behind the [`Logging`]
 //! adaptor, logging device `N` to the file with `.devN` before its
 //! extension ([`memres_core::stack::log_from_env`]). The rows are buffered:
-//! [`flush_logs`] writes them out. A file that cannot be made is
+//! [`flush_logs`] writes them out, and so does the process's exit (a
+//! return from `main`, `std::process::exit`), after which each row is
+//! written as it is logged, as the C library does. A file that cannot be made is
 //! `InvalidConfig` from the get, its message naming the variable, the file
 //! and the system's reason (``MEMRES_LOG_FILE=`/no/dir/log.csv`: No such
 //! file or directory (os error 2)``); nothing is stored.
@@ -212,13 +214,44 @@ pub fn set_per_device_resource<S: Stream + ?Sized + 'static>(
 /// # Ok::<(), std::io::Error>(())
 /// ```
 pub fn flush_logs() -> io::Result<()> {
-    let logs = LOGS.lock().unwrap_or_else(|p| p.into_inner());
-    logs.iter().map(|flush| flush()).fold(Ok(()), Result::and)
+    each_log(false)
 }
 
-/// How to flush each log a default resource was made with.
-type Flush = Box<dyn Fn() -> io::Result<()> + Send + Sync>;
+/// Flushes every log; with `through`, each writes its later rows as they
+/// come.
+fn each_log(through: bool) -> io::Result<()> {
+    let logs = LOGS.lock().unwrap_or_else(|p| p.into_inner());
+    logs.iter().map(|flush| flush(through)).fold(Ok(()), Result::and)
+}
+
+/// How to flush each log a default resource was made with: with `true`,
+/// its rows are written through from then on.
+type Flush = Box<dyn Fn(bool) -> io::Result<()> + Send + Sync>;
 static LOGS: Mutex<Vec<Flush>> = Mutex::new(Vec::new());
+
+/// Has the process's exit flush every log, once: the logs live in statics,
+/// which are never dropped, so that the rows buffered last were lost
+/// unless the program called [`flush_logs`]. From then on each row is
+/// written as it comes: rows that other threads or static destructors log
+/// after the handler still reach the file.
+fn flush_logs_at_exit() {
+    extern "C" {
+        fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+    }
+    extern "C" fn at_exit() {
+        // Nothing may unwind into the C library's exit; the errors have no
+        // one to go to.
+        let _ = std::panic::catch_unwind(|| each_log(true));
+    }
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `atexit` is the C library's, declared with its C
+        // signature; the callback is a plain function that lives as long
+        // as the program, takes no arguments and lets no panic out. A
+        // refusal (no slot left) leaves `flush_logs` the way out.
+        let _ = unsafe { atexit(at_exit) };
+    });
+}
 
 /// A device's default as made: the backend's resource, behind the logging
 /// adaptor when `MEMRES_LOG_FILE` names a file. One object serves every
@@ -252,7 +285,9 @@ impl<R: Send + Sync + 'static> Made<R> {
         Ok(match log {
             Some(log) => {
                 let flushed = log.clone();
-                LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(move || flushed.flush()));
+                let flush = move |through| if through { flushed.write_through() } else { flushed.flush() };
+                LOGS.lock().unwrap_or_else(|p| p.into_inner()).push(Box::new(flush));
+                flush_logs_at_exit();
                 Made::Logged(log)
             }
             None => Made::Plain(resource),

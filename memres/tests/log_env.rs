@@ -53,3 +53,36 @@ fn default_resources_log_where_the_environment_says() {
     assert!(!dir.join("no-such-dir").exists());
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The rows logged are written when the process exits, without a call of
+/// `flush_logs`: the logs live in statics, never dropped, and a short
+/// program lost every row (its file held the header alone). The test runs
+/// itself again as a child that logs and returns.
+#[test]
+fn the_rows_are_written_at_exit_without_flush_logs() {
+    const CHILD: &str = "MEMRES_TEST_EXIT_CHILD";
+    if let Some(dir) = std::env::var_os(CHILD) {
+        std::env::set_var(LOG_FILE_VAR, std::path::Path::new(&dir).join("exit.csv"));
+        let mr = get_per_device_resource(6).unwrap();
+        for size in 1..=10 {
+            mr.deallocate(mr.allocate(size * 256).unwrap()).unwrap();
+        }
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("memres-facade-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let name = "the_rows_are_written_at_exit_without_flush_logs";
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", name, "--test-threads", "1"])
+        .env(CHILD, &dir)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let file = std::fs::File::open(dir.join("exit.dev6.csv")).unwrap();
+    let rows = memres::trace::read_all(std::io::BufReader::new(file)).unwrap();
+    assert_eq!(
+        rows.iter().map(|r| r.size).collect::<Vec<_>>(),
+        (1..=10).flat_map(|s| [s * 256; 2]).collect::<Vec<_>>()
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
