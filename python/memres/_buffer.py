@@ -78,7 +78,9 @@ class DeviceBuffer:
         # where it is unpickled; from protocol 5 they may travel out of
         # band (a `buffer_callback`), as RMM's NumPy array does.
         if protocol >= 5:
-            return DeviceBuffer.to_device, (pickle.PickleBuffer(self._into(bytearray(self.size))),)
+            data = bytearray(self.size)
+            self._into(memoryview(data))
+            return DeviceBuffer.to_device, (pickle.PickleBuffer(data),)
         return DeviceBuffer.to_device, (self.tobytes(),)
 
     def __bytes__(self):
@@ -131,24 +133,22 @@ class DeviceBuffer:
             try:
                 import numpy
             except ImportError:
-                return self._into(bytearray(self.size))
-            return self._into(numpy.empty(self.size, dtype=numpy.uint8))
+                ary = bytearray(self.size)
+            else:
+                ary = numpy.empty(self.size, dtype=numpy.uint8)
         view = _host_bytes(ary, "copy_to_host")
         if view.readonly or len(view) < self.size:
             raise ValueError(f"memres: copy_to_host needs a writable buffer of {self.size} bytes")
-        self._into(ary)
+        self._into(view)
         return ary
 
-    def _into(self, ary):
-        """Copies the bytes to the start of ``ary`` (as ``copy_to_host``
-        takes it, of at least ``size`` bytes) a chunk at a time: a copy
-        holds no more than a chunk on the host besides ``ary`` (it held
-        the bytes twice more); returns ``ary``."""
-        view = _host_bytes(ary, "copy_to_host")
+    def _into(self, view):
+        """Copies the bytes to the start of ``view`` (a writable
+        ``memoryview`` of bytes) a chunk at a time, so that a copy holds
+        no more than a chunk on the host besides it."""
         n = min(self.size, len(view))
         for at in range(0, n, _CHUNK):
             view[at:min(at + _CHUNK, n)] = self._buf.copy_to_host(at, min(_CHUNK, n - at))
-        return ary
 
     def copy_from_host(self, ary, stream=None):
         """Writes the bytes of ``ary`` (as ``to_device`` takes them) at the
