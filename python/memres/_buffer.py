@@ -3,6 +3,7 @@
 import operator
 import pickle
 
+from ._integer import integer
 from ._stream import Stream, as_handle
 from . import _native, mr as _mr
 
@@ -198,7 +199,7 @@ class DeviceBuffer:
         was prefetched, False (nothing done) otherwise."""
         from ._device import current_device, device_id
         device = current_device() if device is None else device
-        host = not isinstance(device, bool) and hasattr(type(device), "__index__") and operator.index(device) == -1
+        host = integer(device) == -1
         if not host:
             try:
                 device = device_id(device)

@@ -2,11 +2,11 @@
 else the one this thread set with ``memres.set_device`` (0 at first), per
 thread as CUDA's current device."""
 
-import operator
 import sys
 import threading
 
 from . import _native
+from ._integer import integer
 
 _local = threading.local()
 
@@ -32,10 +32,9 @@ def device_id(device):
     32-bit number, and one past that was an OverflowError
     (``set_device``'s, at every later call)."""
     limit = _native.sim.MAX_DEVICES
-    if not isinstance(device, bool) and hasattr(type(device), "__index__"):
-        number = operator.index(device)
-        if 0 <= number < limit:
-            return number
+    number = integer(device)
+    if number is not None and 0 <= number < limit:
+        return number
     raise ValueError(f"memres: {device!r} is not a device id (an int from 0 to {limit - 1})")
 
 

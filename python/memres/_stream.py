@@ -4,7 +4,8 @@ wrapped only on purpose, with ``Stream.from_handle``."""
 
 import enum
 import itertools
-import operator
+
+from ._integer import integer
 
 _WHAT_TO_PASS = ("pass a memres.Stream, a torch/CuPy/Numba stream, an object with "
                  "__cuda_stream__, or None for the default stream; wrap a raw cudaStream_t "
@@ -158,9 +159,9 @@ class CudaStreamPool:
         number from ``itertools.count`` is one step under the GIL)."""
         if stream_id is None:
             return self._streams[next(self._next) % len(self._streams)]
-        if isinstance(stream_id, bool) or not hasattr(type(stream_id), "__index__"):
+        number = integer(stream_id)
+        if number is None:
             raise TypeError(f"memres: stream_id must be an int, not {stream_id!r}")
-        number = operator.index(stream_id)
         if number < 0:
             raise ValueError(f"memres: Stream id {number} is negative")
         return self._streams[number % len(self._streams)]

@@ -19,7 +19,6 @@ StackMemoryResource builds any stack string.
 import atexit
 import fractions
 import gc
-import operator
 import os
 import re
 import sys
@@ -30,6 +29,7 @@ import weakref
 from . import _native
 from ._device import current_device, device_id as _device_id
 from ._errors import CudaUnavailable, InvalidArgument
+from ._integer import integer
 from ._stream import Stream, as_handle
 
 # Matched whole (`fullmatch`): `$` also matches before a final newline.
@@ -362,9 +362,10 @@ def _nbytes(n, what):
     that says its value (``__index__``). As RMM's ``size_t`` arguments:
     TypeError for what is no integer (a bool included), OverflowError for
     one out of range; each names ``what``."""
-    if isinstance(n, bool) or not hasattr(type(n), "__index__"):
+    number = integer(n)
+    if number is None:
         raise TypeError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
-    n = operator.index(n)
+    n = number
     if not 0 <= n < 1 << 64:
         raise OverflowError(f"memres: {what} must be an int from 0 to 2**64 - 1, not {n!r}")
     return n
