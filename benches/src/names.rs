@@ -126,6 +126,7 @@ pub const NAMES: &[Name] = &[
             ("initial", "bytes of the global arena when made"),
             ("max", "the most bytes it holds"),
             ("superblock", "the superblock's bytes"),
+            ("max_arenas", "slots of the table of arenas, streams and threads with blocks live at once (default 64)"),
         ],
         ..name(
             "arena",

@@ -309,6 +309,9 @@ impl Resource {
         if matches!(self.kind, Kind::Cuda(_)) && !cfg!(feature = "cuda") {
             return Err(format!("resource `{}` needs the tool built with `--features cuda`", self.name));
         }
+        if let (Some(threads), Some(text)) = (options.threads, self.stack(options.upstream, options.param)) {
+            crate::stack::check_threads(&text, threads)?;
+        }
         Ok(())
     }
 

@@ -46,7 +46,8 @@ use memres_core::adaptor::{Gauge, Logging};
 use memres_core::per_stream::{PerStreamPool, VirtualMaker};
 use memres_core::planned::Planned;
 use memres_core::stack::{
-    fixed_block_size, log_file, parse, Built, Call, StackBuilder, StackError, StackErrorKind, Value,
+    arena_config, fixed_block_size, log_file, parse, Built, Call, StackBuilder, StackError, StackErrorKind,
+    Value,
 };
 use memres_core::vpool::VirtualPool;
 use memres_core::{Block, DynResource, Inspect, MemoryResource, MemoryResourceMut, Request, Shared};
@@ -229,6 +230,53 @@ pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<Checked, String
         None
     };
     Ok(Checked { logs, watched, one_thread })
+}
+
+/// Whether `text` can replay on `threads` threads (`--streams`), each on a
+/// stream of its own: each `arena` layer needs a slot of its table of
+/// arenas for each stream with blocks live, and gives a stream that finds
+/// none [`memres_core::Error::CapacityExhausted`]. With more threads than
+/// slots, whether a replay fails would hang on how the threads happen to
+/// overlap.
+///
+/// # Errors
+///
+/// The first arena with fewer slots than `threads`, and what to name
+/// instead. A text that does not parse passes: the build says why.
+///
+/// ```
+/// use memres_bench::stack::check_threads;
+/// assert!(check_threads("arena(sim)", 64).is_ok());
+/// assert!(check_threads("stats(arena(sim))", 65).is_err());
+/// assert!(check_threads("arena(sim, max_arenas=100)", 100).is_ok());
+/// ```
+pub fn check_threads(text: &str, threads: u32) -> Result<(), String> {
+    fn first_short(call: &Call, threads: u32) -> Option<(usize, u32)> {
+        let slots = match call.name.as_str() {
+            "arena" => arena_config(call).map_or(u32::MAX, |c| c.slots()),
+            _ => u32::MAX,
+        };
+        if slots < threads {
+            return Some((call.pos, slots));
+        }
+        call.args.iter().find_map(|a| match &a.value {
+            Value::Call(inner) => first_short(inner, threads),
+            Value::Word { .. } => None,
+        })
+    }
+    let Some((pos, slots)) = parse(text).ok().and_then(|call| first_short(&call, threads)) else {
+        return Ok(());
+    };
+    let most = memres_core::arena::MAX_ARENAS;
+    let fix = if threads <= most {
+        format!("replay it with `max_arenas={threads}` through --stack")
+    } else {
+        format!("an arena has at most {most}")
+    };
+    Err(format!(
+        "the `arena` at byte {pos} of `{text}` has {slots} slots for streams with blocks live, fewer than \
+         --streams {threads}: a stream that finds none fails; {fix}"
+    ))
 }
 
 /// Builds `text` and replays `workload` through it as `options` say:

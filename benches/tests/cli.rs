@@ -992,10 +992,11 @@ fn outputs_are_checked_as_they_are_written() {
 /// What no row could run, and outputs no row could make, are bad usage
 /// told before any row runs (exit 2, nothing on stdout): a resource of a
 /// feature the tool lacks, a virtual pool off the simulated space, a peer
-/// or a `log` or `planned` stack on threads, a stack with `--upstream
-/// host`, a map of peers alone, `--snapshot-at` with no snapshot. Before,
-/// each ran the other rows and failed its own (exit 1), and the outputs
-/// were left unmade or empty (exit 0).
+/// or a `log` or `planned` stack on threads, an arena with fewer slots
+/// than threads (which failed or not as the threads happened to overlap),
+/// a stack with `--upstream host`, a map of peers alone, `--snapshot-at`
+/// with no snapshot. Before, each ran the other rows and failed its own
+/// (exit 1), and the outputs were left unmade or empty (exit 0).
 #[test]
 fn what_no_row_could_run_is_refused_before_any_row_runs() {
     let w = "random:100:1000:1";
@@ -1006,6 +1007,9 @@ fn what_no_row_could_run_is_refused_before_any_row_runs() {
         vec!["--stack", "planned(pool(sim))", "--streams", "2"],
         vec!["-r", "range-alloc", "--map"],
         vec!["-r", "pool", "--snapshot-at", "end"],
+        vec!["-r", "arena", "--streams", "65"],
+        vec!["--stack", "stats(arena(sim, max_arenas=8))", "--streams", "9"],
+        vec!["--stack", "arena(sim, max_arenas=255)", "--streams", "256"],
     ];
     if !cfg!(feature = "cuda") {
         cases.push(vec!["-r", "pool,cuda"]);
@@ -1020,6 +1024,17 @@ fn what_no_row_could_run_is_refused_before_any_row_runs() {
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = json_rows(&o);
     assert!(rows.iter().all(|r| r.get("error") == Some(&Value::Null)) && rows.len() > 1, "{}", stdout(&o));
+    let names = |rows: &[Value]| rows.iter().map(|r| r["resource"].to_string()).collect::<Vec<_>>();
+    assert!(names(&rows).iter().any(|n| n.contains("arena")), "{:?}", names(&rows));
+    let o = memres(&["replay", "--passes", "1", "--json", "--streams", "65", w]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!names(&json_rows(&o)).iter().any(|n| n.contains("arena")), "{}", stdout(&o));
+    // An arena with a slot for each thread runs.
+    let o =
+        memres(&["replay", "--passes", "1", "--streams", "100", "--stack", "arena(sim, max_arenas=100)", w]);
+    assert!(o.status.success(), "{}{}", stdout(&o), stderr(&o));
+    let e = memres(&["replay", "--passes", "1", "--streams", "65", "-r", "arena", w]);
+    assert!(stderr(&e).contains("`max_arenas=65`"), "{}", stderr(&e));
 }
 
 /// A replay that stops at a failed op frees the blocks it holds, so that a

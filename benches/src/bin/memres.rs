@@ -608,6 +608,9 @@ fn replay(
                      the replay's op sequence"
                 )));
             }
+            if let Some(threads) = options.threads {
+                memres_bench::stack::check_threads(text, threads).map_err(Failure::Usage)?;
+            }
             let named = |p: PathBuf| Named::new(&p, format!("the log {} of `{text}`", p.display()));
             logs.extend(checked.logs.into_iter().map(named));
             t.watched = checked.watched;

@@ -143,6 +143,11 @@ impl ArenaConfig {
         self.maximum_size
     }
 
+    /// The number of arena slots (`max_arenas`).
+    pub const fn slots(&self) -> u32 {
+        self.max_arenas
+    }
+
     /// What a small block of `size` bytes (at most [`Request::MAX_SIZE`])
     /// takes: its [`size_class`], or with `size_classes(false)` its size
     /// rounded up to 256.

@@ -54,7 +54,7 @@
 //! | `pool` | `upstream, initial=, max=, growth=double\|default\|N, granule=, release=true\|false\|peak, large=SIZE\|none, per_stream=true\|false` | [`CoalescingPool`](crate::pool::CoalescingPool) behind [`Shared`](crate::Shared) (`N`: grow by 1/N of the pool in steps of `granule=`, default 32 MiB; `release=`: give wholly free chunks back before growing, default true, `peak`: only past the peak in use; `large=`: requests of at least this size get chunks of their own, default none); with `per_stream=true` a [`PerStreamPool`](crate::per_stream::PerStreamPool) of such pools behind `Shared`, one per stream, stream-ordered (no `max=`: limit the upstream; `initial=` is the build stream's pool) |
 //! | `fixed` | `upstream, size` (or `size=`, default 1 MiB), `blocks=` (per chunk, default 128, at most 2^20) | [`FixedSizeResource`](crate::fixed::FixedSizeResource) behind `Shared` |
 //! | `binning` | `upstream, bin(SIZE), bin(SIZE, RESOURCE)..., min_bin=, max_bin=, powers=` (a bin of each power of two from `min_bin=` to `max_bin=`, default 256 KiB and 4 MiB, none when bins are given without these keys or with `powers=false`; each `bin(...)` adds one, a fixed-size bin over the upstream or one served by `RESOURCE`, and replaces the power of two of its size) | [`BinningResource`](crate::binning::BinningResource), with [`add_fixed_bin`](crate::binning::BinningResource::add_fixed_bin) and [`add_counted_bin`](crate::binning::BinningResource::add_counted_bin) |
-//! | `arena` | `upstream, initial=, max=, superblock=` (a superblock above 32 MiB makes the global arena's chunks, its smallest growth, that size) | [`ArenaResource`](crate::arena::ArenaResource) |
+//! | `arena` | `upstream, initial=, max=, superblock=, max_arenas=` (a superblock above 32 MiB makes the global arena's chunks, its smallest growth, that size; `max_arenas=`: slots of the table of arenas, 1 to 255, default 64) | [`ArenaResource`](crate::arena::ArenaResource) |
 //! | `stats` | `upstream` | [`Statistics`](crate::adaptor::Statistics) |
 //! | `track` | `upstream, backtraces=true\|false` (a backtrace of each allocation, feature `std`; default false) | [`Tracking`](crate::adaptor::Tracking) |
 //! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`](crate::adaptor::Limiting) |
@@ -92,8 +92,8 @@
 //! | `capacity=` | `sim` | the device's memory in bytes |
 //!
 //! The others belong to one name: `growth=`, `release=`, `large=`
-//! (`pool`), `blocks=` (`fixed`: blocks per chunk), `superblock=`
-//! (`arena`), `backtraces=` (`track`), `alignment=`, `threshold=`
+//! (`pool`), `blocks=` (`fixed`: blocks per chunk), `superblock=`,
+//! `max_arenas=` (`arena`), `backtraces=` (`track`), `alignment=`, `threshold=`
 //! (`align`), `file=` (`log`), `large_handles=` (`vmm`), `pool=`
 //! (`async`: `own`, the device's `default` pool or its `managed` one),
 //! `ipc=` (`async`: the handle its memory exports as, `none`, `posix_fd`

@@ -602,9 +602,11 @@ pub fn binning_bins(call: &Call) -> Result<alloc::vec::Vec<(u64, Option<&Call>)>
     Ok(bins)
 }
 
-/// The configuration of `arena(UP, initial=, max=, superblock=)`: each
-/// size a multiple of 256 bytes, the superblock from 1 MiB to 1 TiB (8 MiB
-/// by default), the maximum at least the initial size and the superblock.
+/// The configuration of `arena(UP, initial=, max=, superblock=,
+/// max_arenas=)`: each size a multiple of 256 bytes, the superblock from
+/// 1 MiB to 1 TiB (8 MiB by default), the maximum at least the initial size
+/// and the superblock, the slots of the table of arenas from 1 to
+/// [`MAX_ARENAS`](crate::arena::MAX_ARENAS) (64 by default).
 /// A superblock above [`ArenaConfig::DEFAULT_CHUNK_SIZE`] makes the chunk,
 /// the global arena's smallest growth, its size: a chunk holds whole
 /// superblocks.
@@ -617,13 +619,15 @@ pub fn binning_bins(call: &Call) -> Result<alloc::vec::Vec<(u64, Option<&Call>)>
 /// ```
 /// use memres_core::stack::{arena_config, parse};
 /// assert_eq!(arena_config(&parse("arena(sim, max=1GiB)")?)?.maximum(), Some(1 << 30));
+/// assert_eq!(arena_config(&parse("arena(sim, max_arenas=200)")?)?.slots(), 200);
 /// assert!(arena_config(&parse("arena(sim, superblock=lots)")?).is_err());
+/// assert!(arena_config(&parse("arena(sim, max_arenas=256)")?).is_err());
 /// let e = arena_config(&parse("arena(sim, superblock=1000000)")?).unwrap_err();
 /// assert_eq!(e.to_string(), "at byte 22: bad value: superblock 1000000: a multiple of 256 bytes from 1 MiB to 1 TiB");
 /// # Ok::<(), memres_core::stack::StackError>(())
 /// ```
 pub fn arena_config(call: &Call) -> Result<ArenaConfig, StackError> {
-    call.expect_args(1, &["initial", "max", "superblock"])?;
+    call.expect_args(1, &["initial", "max", "superblock", "max_arenas"])?;
     // Checked here, at each value and in the text's terms: the arena's own
     // check names no key, and one of its messages covers several.
     let bad = |key: &str, what: alloc::string::String| {
@@ -668,6 +672,13 @@ pub fn arena_config(call: &Call) -> Result<ArenaConfig, StackError> {
             return Err(bad("max", what));
         }
         config = config.maximum_size(max);
+    }
+    let slots = format!("from 1 to {}", crate::arena::MAX_ARENAS);
+    if let Some(n) = call.u32_arg("max_arenas", &slots)? {
+        if n == 0 || n > crate::arena::MAX_ARENAS {
+            return Err(bad("max_arenas", format!("max_arenas {n}: {slots}")));
+        }
+        config = config.max_arenas(n);
     }
     Ok(config)
 }
