@@ -14,9 +14,11 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use std::vec::Vec;
 
-/// The number of the calling thread in logs: 0 for the first thread that
-/// logs, 1 for the next...
-fn thread_number() -> u64 {
+/// The calling thread's number in the log's thread column: 0 for the
+/// first thread that logs, 1 for the next... Numbered apart from
+/// [`crate::thread_number`] (which counts every thread that asked, from 1)
+/// so that a log's threads read 0, 1, 2 whatever else the process ran.
+fn log_thread() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
     std::thread_local! {
         static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
@@ -696,7 +698,7 @@ impl<R, W: Write> Logging<R, W> {
 
     fn log(&self, action: Action, addr: u64, size: u64, stream: u64) {
         let ran = self.own(|| {
-            let thread = thread_number();
+            let thread = log_thread();
             let mut out = self.out.lock().unwrap_or_else(|p| p.into_inner());
             let row = Record { thread, time: now_micros(), action, pointer: addr, size, stream };
             let through = self.write_through.load(Ordering::Relaxed);
