@@ -219,8 +219,22 @@ impl ReservableSpace for CountingSpace {
         }
         let range =
             Range::new(start, len).ok_or(Error::InvalidSize { size: len, what: "past the last address" })?;
+        // The reservation's bitmap, a word per 64 granules (32 GiB for 2^46
+        // bytes of 256-byte granules): host memory it cannot have is out
+        // of memory, not an abort, and takes nothing.
+        let mut bits = Vec::new();
+        let words = CommitLedger::words(len / g);
+        if bits.try_reserve_exact(words).is_err() || s.reservations.try_reserve(1).is_err() {
+            return Err(Error::OutOfMemory {
+                requested: len,
+                largest_free: room,
+                pool_size: Self::END - Self::BASE,
+                max_size: Some(Self::END - Self::BASE),
+            });
+        }
+        bits.resize(words, 0);
         s.next = start + len;
-        s.reservations.push((range, alloc::vec![0; CommitLedger::words(len / g)]));
+        s.reservations.push((range, bits));
         Ok(range)
     }
 
