@@ -1,6 +1,7 @@
 """memres.snapshot: a record of a running stack in the format of PyTorch's
 memory snapshots, checked against the resource's own figures."""
 
+import gc
 import os
 import pickle
 import sys
@@ -120,6 +121,33 @@ def test_a_block_whose_leaf_is_not_tapped_is_a_segment_of_its_own_in_the_trace_t
         check_snapshot.check(memres.snapshot.snapshot(backend="sim"))
     finally:
         memres.snapshot.record_memory_history(enabled=False)
+
+
+def test_a_simulated_device_dropped_with_a_block_live_ends_it_before_the_next_takes_its_addresses(recording):
+    # A pool dropped with a block live keeps that chunk; its simulated
+    # device goes with it, and the next device takes the same addresses.
+    # Before, the trace told a second segment_alloc and alloc there with
+    # no free between: PyTorch's viewer, stepping back, took out the wrong
+    # segment, and kept the lost block live in its timeline.
+    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource())
+    lost = pool.allocate(5000)
+    del pool
+    gc.collect()
+    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource())
+    p = pool.allocate(7000)
+    assert p == lost, "the test needs the next device at the same addresses"
+    snap = memres.snapshot.snapshot(backend="sim")
+    check_snapshot.check(snap)
+    assert [b["requested_size"] for b in live_blocks(snap)] == [7000]
+    actions = [(e["action"], e["size"]) for e in snap["device_traces"][0] if e["addr"] == p]
+    assert actions[2:] == [
+        ("free_requested", 5000),
+        ("free_completed", 5000),
+        ("segment_free", actions[0][1]),
+        ("segment_alloc", actions[0][1]),
+        ("alloc", 7000),
+    ]
+    pool.deallocate(p, 7000)
 
 
 def test_a_stopped_record_records_nothing_more(recording):

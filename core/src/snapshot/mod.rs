@@ -216,7 +216,9 @@ pub struct SegmentRuns {
 /// ones pushed them out), and let go once the frees are settled.
 #[derive(Clone, Debug)]
 pub struct MemoryMap {
+    /// No two overlap (one handed out over another ends it first).
     segments: BTreeMap<u64, Segment>,
+    /// No two overlap, as the segments.
     blocks: BTreeMap<u64, Live>,
     held: u64,
     live: u64,
@@ -324,9 +326,8 @@ impl MemoryMap {
         // outside may pass u64, and each size added is taken off again.
         // Handed out again: a free of the old segment in flight was done.
         self.segments_freeing.forget(addr);
-        if let Some(old) = self.segments.insert(addr, Segment { size, stream }) {
-            self.held = self.held.wrapping_sub(old.size);
-        }
+        self.gone_unseen(addr, size, stream, time_us);
+        self.segments.insert(addr, Segment { size, stream });
         self.held = self.held.wrapping_add(size);
         self.record(Action::SegmentAlloc, addr, size, stream, time_us);
     }
@@ -364,21 +365,48 @@ impl MemoryMap {
     /// `segment_free` right after the block's free, so that a viewer
     /// undoing the trace finds every block it brings back in a segment.
     pub fn alloc(&mut self, addr: u64, size: u64, requested: u64, stream: u64, time_us: Option<u64>) {
-        let alone = !self.lies_in_a_segment(addr);
-        let old = self.blocks.get(&addr).copied();
-        // A block handed out twice keeps the segment told for the first.
-        let told = old.is_some_and(|o| o.own_segment);
-        let own_segment = told || alone;
         // Handed out again: a free of the old block in flight was done.
         self.blocks_freeing.forget(addr);
-        if let Some(old) = self.blocks.insert(addr, Live { size, requested, stream, own_segment }) {
-            self.live = self.live.wrapping_sub(old.requested);
-        }
+        self.blocks_gone_unseen(addr, size, stream, time_us);
+        let own_segment = !self.lies_in_a_segment(addr);
+        self.blocks.insert(addr, Live { size, requested, stream, own_segment });
         self.live = self.live.wrapping_add(requested);
-        if own_segment && !told {
+        if own_segment {
             self.record(Action::SegmentAlloc, addr, size, stream, time_us);
         }
         self.record(Action::Alloc, addr, requested, stream, time_us);
+    }
+
+    /// `[addr, addr + size)` handed out again, as a segment, while the map
+    /// holds segments or blocks there: what held them gave them back
+    /// unseen (a resource dropped with blocks live, whose simulated device
+    /// went with it and whose addresses the next device took; a free that
+    /// passed no tap). Told freed now, their blocks first, on the new
+    /// one's stream: PyTorch's viewer, stepping back over the trace,
+    /// undoes each `segment_alloc` and `alloc` into free memory, and
+    /// before, it undid the new one over the old, which it then lost.
+    fn gone_unseen(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
+        let end = addr.saturating_add(size.max(1));
+        while let Some((start, old)) = self.segments.range(..end).next_back().map(|(&a, s)| (a, *s)) {
+            if start.saturating_add(old.size.max(1)) <= addr {
+                break; // Segments never overlap: none before it reaches `addr`.
+            }
+            self.blocks_gone_unseen(start, old.size, stream, time_us);
+            self.segment_free(start, stream, time_us);
+        }
+        self.blocks_gone_unseen(addr, size, stream, time_us);
+    }
+
+    /// The live blocks in `[addr, addr + size)`, handed out again: told
+    /// freed now (see [`gone_unseen`](Self::gone_unseen)).
+    fn blocks_gone_unseen(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
+        let end = addr.saturating_add(size.max(1));
+        while let Some((start, old)) = self.blocks.range(..end).next_back().map(|(&a, b)| (a, *b)) {
+            if start.saturating_add(old.size.max(1)) <= addr {
+                break; // Blocks never overlap: none before it reaches `addr`.
+            }
+            self.free(start, stream, time_us);
+        }
     }
 
     /// Whether `addr` lies in a segment held.
@@ -525,7 +553,9 @@ impl MemoryMap {
         self.trace.range(self.pushed_out..).map(|(_, e)| e)
     }
 
-    /// The largest run of free bytes inside one segment.
+    /// The largest run of free bytes inside one segment: of bytes no
+    /// live block covers, a block counted at its size as told (the taps
+    /// tell the requested size, so a resource's rounding counts as free).
     pub fn largest_free(&self) -> u64 {
         let mut largest = 0;
         self.each_segment(|_, _, runs, _| {
@@ -551,8 +581,7 @@ impl MemoryMap {
     /// whether it is a block alone.
     fn each_segment(&self, mut each: impl FnMut(u64, Segment, &[Run], bool)) {
         // A run holds no more of its request than its bytes: a block cut
-        // short (at its segment's end, or by a later block that starts
-        // inside it) keeps only what is left of it.
+        // short at its segment's end keeps only what is left of it.
         let used = |addr, size, live: &Live| Run { addr, size, requested: Some(live.requested.min(size)) };
         // Exact: every address narrowed lies below a segment's end, at
         // most 2^64, and every size is at most a segment's or a block's.
@@ -564,10 +593,8 @@ impl MemoryMap {
             // In u128: a segment may end at 2^64, past the last address;
             // one said to pass it (from a faulty upstream) stops there.
             let end = (u128::from(addr) + u128::from(seg.size)).min(1 << 64);
-            // Its blocks start in it and before the next segment: as
-            // `alloc` judges a block's segment, the nearest below it (so
-            // where segments overlap, a block past the next one's start
-            // is in that one, or one of its own, as its trace told).
+            // Its blocks start in it (and so before the next segment: none
+            // overlap), as `alloc` judges a block's segment.
             let next = segments.peek().map_or(1 << 64, |(&n, _)| u128::from(n));
             // Blocks before this segment lie in none.
             while let Some((&b, live)) = blocks.next_if(|(&b, _)| b < addr) {
@@ -577,17 +604,11 @@ impl MemoryMap {
             let mut at = u128::from(addr);
             while let Some((&b, live)) = blocks.next_if(|(&b, _)| u128::from(b) < end.min(next)) {
                 let start = u128::from(b);
+                // Blocks never overlap: each starts at or past `at`.
                 if start > at {
                     runs.push(Run { addr: low(at), size: low(start - at), requested: None });
-                } else if let Some(before) = runs.last_mut().filter(|_| start < at) {
-                    // It starts inside the block before (blocks fed from
-                    // outside may overlap): that one is cut short at its
-                    // address, and this one runs to the end of both, so
-                    // that the runs still tile the segment.
-                    before.size = b - before.addr;
-                    before.requested = before.requested.map(|r| r.min(before.size));
                 }
-                let stop = (start + u128::from(live.size)).min(end).max(at);
+                let stop = (start + u128::from(live.size)).min(end);
                 runs.push(used(b, low(stop - start), live));
                 at = stop;
             }
