@@ -241,6 +241,26 @@ pub struct MemoryMap {
     segments_freeing: crate::addr_map::InFlight,
 }
 
+/// The entry of `map` (whose entries never overlap) that overlaps
+/// `[addr, addr + size)`, the one starting last if several do; an entry of
+/// no bytes holds its address. In u128: a range may end at 2^64.
+fn overlapping<V: Copy>(
+    map: &BTreeMap<u64, V>,
+    addr: u64,
+    size: u64,
+    size_of: fn(&V) -> u64,
+) -> Option<(u64, V)> {
+    let end = u128::from(addr) + u128::from(size.max(1));
+    let last = match u64::try_from(end) {
+        Ok(end) => map.range(..end).next_back(),
+        Err(_) => map.iter().next_back(),
+    };
+    // None before it ends past its start: if it ends at or below `addr`,
+    // so do they.
+    let (&start, &v) = last?;
+    (u128::from(start) + u128::from(size_of(&v).max(1)) > u128::from(addr)).then_some((start, v))
+}
+
 impl MemoryMap {
     /// An empty map that keeps the last `max_entries` events (PyTorch's
     /// `max_entries` of `_record_memory_history`).
@@ -349,7 +369,7 @@ impl MemoryMap {
     /// free it: nothing changes. Marked as taken back: a free of it that
     /// told nothing may yet be answered ([`answered`](Self::answered)).
     fn segment_unfree(&mut self, addr: u64, freed: SegmentFreed, told: Told) {
-        if self.segments.contains_key(&addr) {
+        if overlapping(&self.segments, addr, freed.size, |s| s.size).is_some() {
             return;
         }
         self.segments.insert(addr, Segment { size: freed.size, stream: freed.stream });
@@ -381,16 +401,13 @@ impl MemoryMap {
     /// holds segments or blocks there: what held them gave them back
     /// unseen (a resource dropped with blocks live, whose simulated device
     /// went with it and whose addresses the next device took; a free that
-    /// passed no tap). Told freed now, their blocks first, on the new
-    /// one's stream: PyTorch's viewer, stepping back over the trace,
-    /// undoes each `segment_alloc` and `alloc` into free memory, and
-    /// before, it undid the new one over the old, which it then lost.
+    /// passed no tap). Told freed now, from the highest address down, each
+    /// segment's blocks before it, on the new one's stream: PyTorch's
+    /// viewer, stepping back over the trace, undoes each `segment_alloc`
+    /// and `alloc` into free memory, and before, it undid the new one over
+    /// the old, which it then lost.
     fn gone_unseen(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
-        let end = addr.saturating_add(size.max(1));
-        while let Some((start, old)) = self.segments.range(..end).next_back().map(|(&a, s)| (a, *s)) {
-            if start.saturating_add(old.size.max(1)) <= addr {
-                break; // Segments never overlap: none before it reaches `addr`.
-            }
+        while let Some((start, old)) = overlapping(&self.segments, addr, size, |s| s.size) {
             self.blocks_gone_unseen(start, old.size, stream, time_us);
             self.segment_free(start, stream, time_us);
         }
@@ -400,11 +417,7 @@ impl MemoryMap {
     /// The live blocks in `[addr, addr + size)`, handed out again: told
     /// freed now (see [`gone_unseen`](Self::gone_unseen)).
     fn blocks_gone_unseen(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
-        let end = addr.saturating_add(size.max(1));
-        while let Some((start, old)) = self.blocks.range(..end).next_back().map(|(&a, b)| (a, *b)) {
-            if start.saturating_add(old.size.max(1)) <= addr {
-                break; // Blocks never overlap: none before it reaches `addr`.
-            }
+        while let Some((start, _)) = overlapping(&self.blocks, addr, size, |b| b.size) {
             self.free(start, stream, time_us);
         }
     }
@@ -423,7 +436,7 @@ impl MemoryMap {
     /// Marked as taken back, as [`segment_unfree`](Self::segment_unfree).
     fn unfree(&mut self, addr: u64, freed: Freed, told: Told) {
         let Freed(b) = freed;
-        if self.blocks.contains_key(&addr) {
+        if overlapping(&self.blocks, addr, b.size, |b| b.size).is_some() {
             return;
         }
         self.blocks.insert(addr, b);

@@ -1,6 +1,6 @@
 //! The fuzz target of the snapshot's [`MemoryMap`]: segments and blocks fed
-//! from outside (overlapping, at the top of the address space, twice at one
-//! address), frees told ahead ([`Freeing`]) that the memory below does or
+//! from outside (overlapping what the map holds, which they end, at the top
+//! of the address space, twice at one address), frees told ahead ([`Freeing`]) that the memory below does or
 //! refuses in any order (a free that found nothing to tell, done after
 //! the refusal of the one that took the address out, frees it), and a
 //! short trace that pushes events out.
@@ -70,6 +70,13 @@ struct Model {
     told: u64,
 }
 
+/// Whether `[a, a + a_len)` and `[b, b + b_len)` share a byte, an empty
+/// range holding its address; in u128, as a range may end at 2^64.
+fn overlaps(a: u64, a_len: u64, b: u64, b_len: u64) -> bool {
+    let end = |at: u64, len: u64| u128::from(at) + u128::from(len.max(1));
+    u128::from(a) < end(b, b_len) && u128::from(b) < end(a, a_len)
+}
+
 fn side_index(side: Side) -> usize {
     match side {
         Side::Blocks => 0,
@@ -102,11 +109,30 @@ impl Model {
     fn segment_alloc(&mut self, addr: u64, size: u64, stream: u64, time_us: Option<u64>) {
         self.latest[1].remove(&addr);
         self.taken_back[1].remove(&addr);
-        if let Some((old, _)) = self.segments.insert(addr, (size, stream)) {
-            self.held = self.held.wrapping_sub(old);
+        // What it is handed out over is told freed first, from the highest
+        // address down, each segment's blocks before it.
+        let over = |start: u64, len: u64| overlaps(start, len, addr, size);
+        let mut gone: Vec<(u64, u64)> =
+            self.segments.iter().filter(|(&a, s)| over(a, s.0)).map(|(&a, s)| (a, s.0)).collect();
+        gone.sort_unstable_by(|x, y| y.cmp(x));
+        for (start, len) in gone {
+            self.blocks_gone(start, len, stream, time_us);
+            self.segment_free(start, stream, time_us);
         }
+        self.blocks_gone(addr, size, stream, time_us);
+        self.segments.insert(addr, (size, stream));
         self.held = self.held.wrapping_add(size);
         self.record(Action::SegmentAlloc, addr, size, stream, time_us);
+    }
+
+    /// Frees the blocks that overlap `[addr, addr + len)`, highest first.
+    fn blocks_gone(&mut self, addr: u64, len: u64, stream: u64, time_us: Option<u64>) {
+        let mut gone: Vec<u64> =
+            self.blocks.iter().filter(|(&a, b)| overlaps(a, b.size, addr, len)).map(|(&a, _)| a).collect();
+        gone.sort_unstable_by(|x, y| y.cmp(x));
+        for a in gone {
+            self.free(a, stream, time_us);
+        }
     }
 
     fn segment_free(&mut self, addr: u64, stream: u64, time_us: Option<u64>) -> Option<(Took, Vec<u64>)> {
@@ -117,16 +143,13 @@ impl Model {
     }
 
     fn alloc(&mut self, addr: u64, size: u64, requested: u64, stream: u64, time_us: Option<u64>) {
-        let alone = !self.lies_in_a_segment(addr);
-        let told = self.blocks.get(&addr).is_some_and(|b| b.own_segment);
-        let own_segment = told || alone;
         self.latest[0].remove(&addr);
         self.taken_back[0].remove(&addr);
-        if let Some(old) = self.blocks.insert(addr, Block { size, requested, stream, own_segment }) {
-            self.live = self.live.wrapping_sub(old.requested);
-        }
+        self.blocks_gone(addr, size, stream, time_us);
+        let own_segment = !self.lies_in_a_segment(addr);
+        self.blocks.insert(addr, Block { size, requested, stream, own_segment });
         self.live = self.live.wrapping_add(requested);
-        if own_segment && !told {
+        if own_segment {
             self.record(Action::SegmentAlloc, addr, size, stream, time_us);
         }
         self.record(Action::Alloc, addr, requested, stream, time_us);
@@ -185,7 +208,7 @@ impl Model {
         latest.remove(&t.addr);
         match took {
             Took::Block(b) => {
-                if self.blocks.contains_key(&t.addr) {
+                if self.blocks.iter().any(|(&a, o)| overlaps(a, o.size, t.addr, b.size)) {
                     return;
                 }
                 self.blocks.insert(t.addr, b);
@@ -193,7 +216,7 @@ impl Model {
                 self.taken_back[0].insert(t.addr);
             }
             Took::Segment { size, stream } => {
-                if self.segments.contains_key(&t.addr) {
+                if self.segments.iter().any(|(&a, o)| overlaps(a, o.0, t.addr, size)) {
                     return;
                 }
                 self.segments.insert(t.addr, (size, stream));
