@@ -47,7 +47,9 @@ pub enum Error {
         /// Why it cannot be served (`"above the block size"`).
         what: &'static str,
     },
-    /// An alignment that is not a power of two, or too large.
+    /// An alignment that is not a power of two, or too large: above 2^40
+    /// ([`Request::MAX_ALIGN`](crate::Request::MAX_ALIGN)), or above what
+    /// this resource aligns its blocks to (a fixed-size resource: 256).
     InvalidAlignment {
         /// The alignment asked for.
         align: u64,
@@ -169,7 +171,7 @@ impl fmt::Display for Error {
             }
             Error::InvalidSize { size, what } => write!(f, "invalid size: {size} bytes ({what})"),
             Error::InvalidAlignment { align } => {
-                write!(f, "invalid alignment: {align} (must be a power of two up to 2^40)")
+                write!(f, "invalid alignment: {align} (not a power of two up to 2^40, or above what this resource aligns to)")
             }
             Error::UnknownBlock { addr } => {
                 write!(f, "free of {addr:#x}, which this resource did not hand out")

@@ -66,7 +66,8 @@ impl<U> Global<U> {
             supers: BTreeMap::new(),
             large_bytes: 0,
             large_count: 0,
-            // The unused tail of the newest chunk stays under 1/8 of what is held.
+            // The unused tail of the newest chunk stays under 1/8 of what
+            // is held plus a chunk (its smallest growth).
             growth: Growth::Steps { minimum: chunk_size, divisor: 8, step: superblock_size },
             superblock_size,
             requests: 0,

@@ -760,10 +760,10 @@ impl<U, S: Stream + ?Sized> BinningResource<'_, U, S> {
     #[cold]
     fn foreign(&self, block: Block) -> Error {
         let addr = block.addr();
-        for (size, bin) in self.sizes.iter().zip(&self.bins) {
+        for bin in &self.bins {
             if let Bin::Fixed(f) = bin {
-                if f.with(|f| f.has_slot_at(addr)) {
-                    return Error::SizeMismatch { addr, expected: *size, given: block.size() };
+                if let Some(expected) = f.with(|f| f.expected_size_at(addr)) {
+                    return Error::SizeMismatch { addr, expected, given: block.size() };
                 }
             }
         }

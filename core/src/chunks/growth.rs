@@ -35,7 +35,8 @@ pub enum Growth {
     Double,
     /// Grow by `max(request, held / divisor)` rounded up to `granule`:
     /// geometric growth with ratio `1 + 1/divisor`, so the unused tail of
-    /// the newest chunk is at most `1/divisor` of what is held.
+    /// the newest chunk is under `held / divisor + granule` (a first
+    /// request of 1 MiB takes a whole granule).
     Fraction {
         /// The resource grows by at least `1/divisor` of what it holds.
         divisor: u32,

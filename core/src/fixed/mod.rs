@@ -285,13 +285,16 @@ impl<U, C: Storage<Chunk>, L: Storage<Slot>> FixedSizeResource<U, C, L> {
         self.chunks.len() as u64 * self.config.blocks() as u64 - self.slots.used - self.slots.retired
     }
 
-    /// Whether one of its slots starts at `addr`, live or free: a block of
-    /// it freed through a binning resource with a size that routes
-    /// elsewhere is then one of its own (O(log chunks)). Only binning asks,
-    /// which needs `alloc`.
+    /// If one of its slots starts at `addr`, the size a free of it must
+    /// give, as [`deallocate`](MemoryResourceMut::deallocate) expects it:
+    /// a live block's, the size it was asked with; a free slot's, the
+    /// block size. A block of it freed through a binning resource with a
+    /// size that routes elsewhere is then one of its own (O(log chunks)).
+    /// Only binning asks, which needs `alloc`.
     #[cfg(feature = "alloc")]
-    pub(crate) fn has_slot_at(&self, addr: u64) -> bool {
-        self.slot_at(addr).is_some()
+    pub(crate) fn expected_size_at(&self, addr: u64) -> Option<u64> {
+        let slot = self.slots.table[self.slot_at(addr)?];
+        Some(if slot.link == slots::USED { slot.size } else { self.block_size })
     }
 
     /// Whether a block of at most `size` bytes (the size it was asked

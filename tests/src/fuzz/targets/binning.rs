@@ -202,8 +202,9 @@ impl FuzzResource for BinningTarget {
     }
     fn stale_errors(&self, block: &Block, live: Option<&Block>) -> Vec<Error> {
         // The upstream may have given the address to a bin as a chunk: the
-        // binning resource (naming the bin) or the upstream (naming the
-        // chunk) refuses the size.
+        // binning resource (naming the bin's block size, or a live block's
+        // size as asked) or the upstream (naming the chunk) refuses the
+        // size.
         let (addr, given) = (block.addr(), block.size());
         let mut errors: Vec<Error> = self
             .bins
@@ -217,6 +218,7 @@ impl FuzzResource for BinningTarget {
                 ]
             })
             .collect();
+        errors.extend(live.map(|l| Error::SizeMismatch { addr, expected: l.size(), given }));
         // A large block or a counted bin's live there again, routed the
         // same: the tally refuses another size than the live block's.
         if let Some(live) = live.filter(|l| l.size() != given && self.route(l.size()) == self.route(given)) {
@@ -241,10 +243,10 @@ impl FuzzResource for BinningTarget {
         let mut allowed = vec![Error::UnknownBlock { addr }, Error::DoubleFree { addr }];
         if let Some(bin) = expected_route {
             allowed.push(Error::SizeMismatch { addr, expected: bin * 128, given });
-            // A size for the upstream or the counted bin at an address in
-            // a bin's chunk: the binning resource refuses it, naming the
-            // bin.
-            allowed.push(Error::SizeMismatch { addr, expected: bin, given });
+            // A size for the upstream or the counted bin at a bin's live
+            // block: the binning resource refuses it, naming the size the
+            // block was asked with.
+            allowed.push(Error::SizeMismatch { addr, expected, given });
         }
         allowed
     }
