@@ -173,6 +173,38 @@ fn decommit_waits_for_the_work_on_its_stream() {
     space.release(r).unwrap();
 }
 
+/// A decommit on the legacy default stream from a thread where no context
+/// is current (a pool dropped on a collector's thread, a fresh Rust
+/// thread): the unmap waits in the space's own context. Before, the
+/// stream's synchronization came before the space's context was entered
+/// and was refused (`CUDA_ERROR_INVALID_CONTEXT`), so the memory stayed
+/// mapped.
+#[test]
+fn a_decommit_on_the_legacy_stream_from_a_thread_with_no_context_unmaps() {
+    let _serial = serial();
+    let Some(device) = gpu("a_decommit_on_the_legacy_stream_from_a_thread_with_no_context_unmaps") else {
+        return;
+    };
+    let space = CudaVirtualSpace::with_handle_granules(device, 1).unwrap();
+    let g = space.granule();
+    let r = space.reserve(4 * g).unwrap();
+    let a = sub(r, 0, 2 * g);
+    space.commit(a).unwrap();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut current = std::ptr::null_mut();
+            // SAFETY: the out parameter points at a live local.
+            assert_eq!(unsafe { memres_cuda::sys::cuCtxGetCurrent(&mut current) }, 0);
+            assert!(current.is_null(), "a fresh thread has no current context");
+            space.decommit(a, &CudaStream::legacy()).unwrap();
+        })
+        .join()
+        .unwrap()
+    });
+    assert_eq!((space.committed_bytes(), space.mapped_bytes()), (0, 0));
+    space.release(r).unwrap();
+}
+
 #[test]
 fn committing_more_than_the_device_holds_is_out_of_memory_and_commits_nothing() {
     let _serial = serial();

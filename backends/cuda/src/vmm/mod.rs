@@ -919,8 +919,10 @@ impl CudaVirtualSpace {
             // handles they unmap (all the context's work).
             let others =
                 plan.iter().any(|&(s, _, empties)| empties && st.mappings[&s].retained_by.beyond(id));
-            stream.synchronize()?;
+            // The space's context first: a stream of no context of its
+            // own (the legacy one) is that of the context current.
             let _current = self.driver.enter()?;
+            stream.synchronize()?;
             let synced = |rc| match rc {
                 sys::CUDA_SUCCESS => Ok(()),
                 rc => Err(error_from_code(rc)),
