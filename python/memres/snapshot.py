@@ -29,18 +29,28 @@ def _backends():
     return [_native.sim] + ([_native.cuda()] if cuda_available() else [])
 
 
-def record_memory_history(enabled=True, max_entries=DEFAULT_MAX_ENTRIES):
-    """Starts a new record (``enabled``), keeping the last ``max_entries``
-    events of each device, or stops recording (``enabled=False``: the
-    resources built during the record tell it nothing more, and it stays
-    readable as it was). As ``torch.cuda.memory._record_memory_history``;
-    a ``max_entries`` past what the native side counts (64 bits) keeps
-    every event."""
+def record_memory_history(enabled="all", max_entries=DEFAULT_MAX_ENTRIES):
+    """Starts a new record, or stops recording, as
+    ``torch.cuda.memory._record_memory_history``: ``enabled="all"`` (or
+    ``True``) records the segments and blocks and keeps the last
+    ``max_entries`` events of each device; ``"state"`` records the segments
+    and blocks only (the snapshot's ``device_traces`` stay empty); ``None``
+    (or ``False``) stops recording: the resources built during the record
+    tell it nothing more, and it stays readable as it was. A
+    ``max_entries`` past what the native side counts (64 bits) keeps every
+    event."""
     if isinstance(max_entries, bool) or not isinstance(max_entries, int) or max_entries <= 0:
         raise ValueError(f"memres: max_entries must be a positive int, not {max_entries!r}")
-    max_entries = min(max_entries, _MAX_COUNT)
+    if enabled is None or enabled is False:
+        kept = None
+    elif enabled is True or enabled == "all":
+        kept = min(max_entries, _MAX_COUNT)
+    elif enabled == "state":
+        kept = 0
+    else:
+        raise ValueError(f"memres: enabled must be 'all', 'state', None, True or False, not {enabled!r}")
     for module in _backends():
-        module.record(max_entries if enabled else 0)
+        module.record(kept)
 
 
 def _pickled(backend):

@@ -43,16 +43,17 @@ struct Record {
 
 static RECORD: Mutex<Record> = Mutex::new(Record { recording: None, maps: Vec::new() });
 
-/// Starts a record keeping `max_entries` events per device (a positive
-/// number), or stops recording (`0`). Either stops the record running:
-/// its taps tell nothing more, and its maps stay as they are.
+/// Starts a record keeping the last `max_entries` events per device (`0`:
+/// none, the segments and blocks only), or stops recording (`None`).
+/// Either stops the record running: its taps tell nothing more, and its
+/// maps stay as they are.
 #[pyfunction]
-pub(crate) fn record(max_entries: usize) {
+pub(crate) fn record(max_entries: Option<usize>) {
     let mut record = RECORD.lock().unwrap_or_else(|p| p.into_inner());
     if let Some((_, running)) = record.recording.take() {
         running.stop();
     }
-    if max_entries > 0 {
+    if let Some(max_entries) = max_entries {
         record.recording = Some((max_entries, Arc::new(Recording::new())));
         record.maps = vec![None; MAX_DEVICES];
     }

@@ -178,6 +178,31 @@ def test_a_dumped_snapshot_is_in_a_protocol_pytorchs_viewer_reads(recording, tmp
     pool.deallocate(p, 1000)
 
 
+def test_enabled_takes_pytorchs_values():
+    # As torch.cuda.memory._record_memory_history: "state" records the
+    # segments and blocks but no events, None stops. Before, "state" kept
+    # every event, as any true value did.
+    try:
+        memres.snapshot.record_memory_history("state")
+        pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+        p = pool.allocate(1000)
+        snap = memres.snapshot.snapshot(backend="sim")
+        assert [b["address"] for b in live_blocks(snap)] == [p]
+        assert snap["device_traces"][0] == []
+        memres.snapshot.record_memory_history(None)
+        pool.deallocate(p, 1000)
+        assert [b["address"] for b in live_blocks(memres.snapshot.snapshot(backend="sim"))] == [p]
+        memres.snapshot.record_memory_history("all")
+        pool = mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1 << 20)
+        pool.deallocate(pool.allocate(1000), 1000)
+        actions = [e["action"] for e in memres.snapshot.snapshot(backend="sim")["device_traces"][0]]
+        assert actions == ["segment_alloc", "alloc", "free_requested", "free_completed"]
+        with pytest.raises(ValueError, match="enabled"):
+            memres.snapshot.record_memory_history("everything")
+    finally:
+        memres.snapshot.record_memory_history(enabled=False)
+
+
 def test_bad_max_entries_is_a_value_error():
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError):
