@@ -226,7 +226,7 @@ pub const RESOURCES: &[Resource] = &[
         kind: Kind::Stack("pool({up})", Some("pool({up}, initial={size})")),
         ..alias("pool", "", "memres CoalescingPool, grown from zero over the upstream, or pool:SIZE with an initial size as RMM's harness's pool (behind a spin lock with --streams)")
     },
-    alias("rmm-pool", "pool({up}, growth=double, release=false)", "memres CoalescingPool as RMM's pool_memory_resource grown from zero: doubles (grows by max(request, pool size)), never gives chunks back before growing; the RMM column of footprint tables"),
+    alias("rmm-pool", "pool({up}, growth=double, release=false)", "memres CoalescingPool grown as RMM's pool_memory_resource from zero: doubles (grows by max(request, pool size)), never gives chunks back before growing; memres's placement, not RMM's exact best fit; the RMM column of footprint tables"),
     Resource {
         param: Param::Size,
         kind: Kind::Stack("fixed({up})", Some("fixed({up}, {size})")),
