@@ -54,8 +54,8 @@ grows/pass: allocations from the upstream per timed pass (mean; warm-up left out
   commits (maps) of granules: churn, 0 in a steady state; - where not counted (peers, CUDA,
   --streams).
 stray frees: frees of pointers the trace never allocated (skipped, as are rows it cannot use);
-  a pointer allocated again while live: the later block lives to the end, the free goes to the
-  first; a free of another size is replayed with its allocation's.
+  a pointer allocated again while live keeps its first block live to the end; a free of
+  another size is replayed with its allocation's.
 ";
 
 /// `s` for a line of text: its control characters (a line break, a tab, an

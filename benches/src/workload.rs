@@ -15,7 +15,6 @@
 use memres_core::testing::SplitMix64;
 use memres_core::trace::{self, Action, ReadError};
 use memres_core::Request;
-use std::collections::hash_map::Entry;
 use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fmt;
@@ -505,20 +504,9 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
                 // first, and its free was a stray free).
                 if row.pointer == 0 && row.size == 0 {
                     empty.push((next, stream));
-                } else {
-                    // Allocated again while live: as RMM's harness's map
-                    // (`insert` keeps the entry it has), the pointer's free
-                    // goes to the first block and the new one stays live
-                    // to the end.
-                    match live.entry(row.pointer) {
-                        Entry::Occupied(_) => {
-                            replaced.push((next, row.size, stream));
-                            reused += 1;
-                        }
-                        Entry::Vacant(v) => {
-                            v.insert((next, row.size, stream));
-                        }
-                    }
+                } else if let Some(old) = live.insert(row.pointer, (next, row.size, stream)) {
+                    replaced.push(old);
+                    reused += 1;
                 }
                 ops.push(Op { size: row.size, id: next, stream, alloc: true });
                 push_time(&mut times, row.time, &mut days);

@@ -156,16 +156,13 @@ fn trace_decodes_with_stray_frees_skipped_and_live_ids_freed_at_end() {
     check_well_formed(&w, u64::MAX);
 }
 
-/// As RMM's harness, whose map's `insert` keeps the entry it has: the
-/// free of a pointer allocated again while live goes to its first block,
-/// and the later one is freed at the end.
 #[test]
-fn a_reused_pointers_free_goes_to_its_first_block() {
+fn reused_pointer_replaces_the_live_one() {
     let t = "0,1,allocate,0xa0,10,0\n0,2,allocate,0xa0,20,0\n0,3,free,0xa0,20,0\n";
     let w = parse_trace("t", t.as_bytes()).unwrap();
     check_well_formed(&w, u64::MAX);
-    assert_eq!(w.ops[2], Op { size: 10, id: 0, stream: 0, alloc: false });
-    assert_eq!(w.ops[3], Op { size: 20, id: 1, stream: 0, alloc: false });
+    assert_eq!(w.ops[2], Op { size: 20, id: 1, stream: 0, alloc: false });
+    assert_eq!(w.ops[3], Op { size: 10, id: 0, stream: 0, alloc: false });
 }
 
 #[test]
@@ -352,13 +349,11 @@ fn pointers_allocated_again_while_live_and_frees_of_another_size_are_counted() {
                  0,4,allocate,0x200,512,0\n\
                  0,5,free,0x200,256,0\n";
     let w = parse_trace("t", trace.as_bytes()).unwrap();
-    assert_eq!((w.reused_pointers, w.size_mismatches, w.skipped_frees), (1, 2, 0));
-    // As RMM's harness: the pointer's free goes to its first block (with
-    // that block's size), and the second stays live to the end. Before,
-    // the first stayed live and the free went to the second.
+    assert_eq!((w.reused_pointers, w.size_mismatches, w.skipped_frees), (1, 1, 0));
+    // The figures as before: the first block of 0x100 is freed at the end.
     assert_eq!(w.peak_live, 3000);
     let frees: Vec<(u32, u64)> = w.ops.iter().filter(|op| !op.alloc).map(|op| (op.id, op.size)).collect();
-    assert_eq!(frees, [(0, 1000), (2, 512), (1, 2000)]);
+    assert_eq!(frees, [(1, 2000), (2, 512), (0, 1000)]);
     // A well-formed trace counts neither.
     let fine = parse_trace("f", "0,1,allocate,0x100,1000,0\n0,2,free,0x100,1000,0\n".as_bytes()).unwrap();
     assert_eq!((fine.reused_pointers, fine.size_mismatches), (0, 0));
