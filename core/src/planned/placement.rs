@@ -128,6 +128,12 @@ pub struct Placement {
 /// so that only blocks of the same buckets are compared.
 const BUCKET: u32 = 4096;
 
+/// `low`, or the end of the highest fixed block that takes room, if that
+/// is higher.
+fn above_fixed(fixed: &[(Lifetime, u64)], low: u64) -> u64 {
+    fixed.iter().filter(|(b, _)| takes_room(b)).map(|&(b, at)| at.saturating_add(b.size)).fold(low, u64::max)
+}
+
 /// Whether a block takes an address at some op.
 fn takes_room(b: &Lifetime) -> bool {
     b.size > 0 && b.end > b.start
@@ -144,7 +150,9 @@ pub fn place(blocks: &[Lifetime], method: Method) -> Placement {
 /// it ends by `low`, else at `low` or above. `top` and `offsets` are those
 /// of `blocks` only. Below `low` blocks are placed by [`Method::Lowest`]
 /// in the method's order (largest first for [`Method::BestFit`]); a
-/// skyline or the best fit places the rest above it.
+/// skyline or the best fit places the rest above it, and so above every
+/// fixed block: for those two, a fixed block that reaches past `low`
+/// raises it to its end (they see no fixed block above it).
 ///
 /// [`Planned`](super::Planned) lays out a step's blocks this way in the
 /// free time of the carried blocks' region (`[0, low)`, the carried
@@ -155,11 +163,13 @@ pub fn place_around(blocks: &[Lifetime], method: Method, fixed: &[(Lifetime, u64
             lowest(blocks, order, fixed, low, true).into_iter().map(|o| o.unwrap_or(0)).collect()
         }
         Method::Skyline(order) => {
+            let low = above_fixed(fixed, low);
             let mut offsets = lowest(blocks, order, fixed, low, false);
             skyline(blocks, order, low, &mut offsets);
             offsets.into_iter().map(|o| o.unwrap_or(0)).collect()
         }
         Method::BestFit => {
+            let low = above_fixed(fixed, low);
             let mut offsets = lowest(blocks, Order::Size, fixed, low, false);
             best_fit(blocks, low, &mut offsets);
             offsets.into_iter().map(|o| o.unwrap_or(0)).collect()

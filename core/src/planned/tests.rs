@@ -81,6 +81,32 @@ fn best_fit_in_time_reaches_the_peak_where_the_offline_orders_do_not() {
     assert_eq!(best(&blocks), (Method::BestFit, p));
 }
 
+/// Fixed blocks at or above `low` (nothing in `place_around` asks them to
+/// lie below it): no method puts a block over one. Before, the skylines
+/// and the best fit placed from `low` up without looking at them, and put
+/// the block at 0, over the fixed one there, which `best_around` then
+/// chose for its lower top.
+#[test]
+fn no_method_places_a_block_over_a_fixed_one_at_or_above_low() {
+    let fixed = [(life(0, 10, 256), 0u64), (life(0, 10, 512), 1024)];
+    let blocks = [life(1, 5, 256), life(2, 6, 768), life(3, 4, 256)];
+    let all: Vec<Lifetime> = blocks.iter().copied().chain(fixed.iter().map(|&(f, _)| f)).collect();
+    for low in [0, 256, 1024] {
+        for method in Method::ALL {
+            let p = place_around(&blocks, method, &fixed, low);
+            let offsets = p.offsets.iter().copied().chain(fixed.iter().map(|&(_, o)| o)).collect();
+            assert_eq!(
+                first_conflict(&all, &Placement { offsets, top: 0 }),
+                None,
+                "{method:?} low {low}: {p:?}"
+            );
+        }
+        let (method, p) = placement::best_around(&blocks, &fixed, low);
+        let offsets = p.offsets.iter().copied().chain(fixed.iter().map(|&(_, o)| o)).collect();
+        assert_eq!(first_conflict(&all, &Placement { offsets, top: 0 }), None, "best {method:?} low {low}");
+    }
+}
+
 #[test]
 fn blocks_placed_around_fixed_ones_go_below_low_only_where_they_end_by_it() {
     let mut rng = SplitMix64::new(11);
