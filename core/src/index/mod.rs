@@ -57,9 +57,13 @@ pub struct Allocation {
 /// in the pool). A free range sits in the bin of its size rounded down; a
 /// request first looks at up to 8 ranges of its own bin for one that fits
 /// (best fit among them, an exact fit at once), then takes the head of the
-/// first non-empty bin whose every range fits. Both steps are O(1), so a
-/// free range that fits may be missed: one beyond the first 8 of the
-/// request's bin, when no bin above holds a range. A caller that cannot add
+/// first non-empty bin whose every range fits (at the worst padding its
+/// alignment may need). Both steps are O(1), so a free range that fits may
+/// be missed when no bin from that one up holds a range: one beyond the
+/// first 8 of the request's bin, or, for an alignment above the granule,
+/// one in a bin between the request's and that one (a range that needs
+/// no padding where it lies: 256 bytes aligned to 4096 in the only free
+/// range, of 512 bytes at 4096). A caller that cannot add
 /// a range then takes the O(free ranges) last resort,
 /// [`allocate_exhaustive`](Self::allocate_exhaustive) (or
 /// [`allocate_class_exhaustive`](Self::allocate_class_exhaustive)), which
