@@ -1,3 +1,4 @@
+import contextlib
 import os
 import threading
 
@@ -7,11 +8,12 @@ import memres
 from memres import mr
 
 
-@pytest.fixture(autouse=True)
-def fresh_current_resource():
-    """Each test starts with no resource set (its default is made on first
-    use), no reinitialize hook and this thread's device 0, and leaves none
-    of its own behind, in Python or in the native registries."""
+@contextlib.contextmanager
+def fresh_state():
+    """Within it: no resource set (a default is made on first use), no
+    reinitialize hook and this thread's device 0; on the way out, none of
+    what was set within is left, in Python or in the native registries,
+    and what was set before is back."""
     from memres import _device
 
     saved = dict(mr._current)
@@ -19,13 +21,22 @@ def fresh_current_resource():
     device = _device._local.__dict__.pop("device", None)
     mr._current.clear()
     memres._reinitialize_hooks.clear()
-    yield
-    mr._forget_all()  # also the defaults that only the C functions made
-    mr._current.update(saved)
-    memres._reinitialize_hooks[:] = hooks
-    _device._local.__dict__.pop("device", None)
-    if device is not None:
-        _device._local.device = device
+    try:
+        yield
+    finally:
+        mr._forget_all()  # also the defaults that only the C functions made
+        mr._current.update(saved)
+        memres._reinitialize_hooks[:] = hooks
+        _device._local.__dict__.pop("device", None)
+        if device is not None:
+            _device._local.device = device
+
+
+@pytest.fixture(autouse=True)
+def fresh_current_resource():
+    """Each test runs in a :func:`fresh_state`."""
+    with fresh_state():
+        yield
 
 
 def require_gpu():

@@ -12,7 +12,7 @@ import pytest
 
 import memres
 from memres import _native, mr
-from conftest import OddError, need, registry_free_to_another_thread
+from conftest import OddError, fresh_state, need, registry_free_to_another_thread
 from test_buffer import BAD_SIZES
 from test_reentry import FREE_PANICS_ONCE, run_child
 from test_streams import kept_after
@@ -20,6 +20,11 @@ from test_streams import kept_after
 GiB = 1 << 30
 MiB = 1 << 20
 
+
+
+def _default_type():
+    """The type of a device's default resource here: RMM's where CUDA is."""
+    return mr.CudaMemoryResource if memres.cuda_available() else mr.HostMemoryResource
 
 def sim_pool(**kw):
     return mr.PoolMemoryResource(mr.SimulatedMemoryResource(GiB), **kw)
@@ -1522,7 +1527,7 @@ def test_reinitialize_reads_rmms_keywords_as_rmm_does():
     # RMM ignores the pool sizes without pool_allocator, and takes
     # devices=None as device 0.
     memres.reinitialize(pool_allocator=False, initial_pool_size=MiB, maximum_pool_size=2 * MiB)
-    assert type(mr._current[0]) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+    assert type(mr._current[0]) is _default_type()
     mr._current.clear()
     memres.reinitialize(pool_allocator=True, initial_pool_size=MiB, devices=None)
     assert list(mr._current) == [0] and mr._current[0].pool_size() == MiB
@@ -1770,17 +1775,19 @@ def test_a_hook_that_unregisters_another_leaves_the_call_running_each_once():
         memres._reinitialize_hooks.clear()
 
 
-def test_a_test_that_leaves_a_hook_and_a_device_behind_1_of_2():
-    memres.register_reinitialize_hook(print)
-    memres.set_device(1)
-
-
-def test_a_test_that_leaves_a_hook_and_a_device_behind_2_of_2():
-    # The first left both; the tests' fixture took them away (a hook left
-    # over ran in every later test's reinitialize).
+def test_the_fresh_state_of_each_test_takes_away_a_hook_and_a_device_left_behind():
+    # What the tests' fixture runs each test in: a hook and a device set
+    # within are gone after it, and what was set before is back (a hook
+    # left over ran in every later test's reinitialize).
     from memres import _device
 
-    assert memres._reinitialize_hooks == []
+    memres.register_reinitialize_hook(len, "before")
+    with fresh_state():
+        assert memres._reinitialize_hooks == []
+        memres.register_reinitialize_hook(print)
+        memres.set_device(1)
+        assert getattr(_device._local, "device", 0) == 1
+    assert memres._reinitialize_hooks == [(len, ("before",), {})]
     assert getattr(_device._local, "device", 0) == 0
 
 
@@ -1825,7 +1832,7 @@ def test_a_device_that_is_no_device_number_is_a_value_error_naming_it(bad):
                  lambda: memres.reinitialize(devices=bad), lambda: memres.reinitialize(devices=[0, bad])):
         with pytest.raises(ValueError, match="is not a device id"):
             call()
-    assert mr.get_per_device_resource_type(0) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+    assert mr.get_per_device_resource_type(0) is _default_type()
 
 
 class _Index:
@@ -1847,7 +1854,7 @@ def test_a_device_number_of_another_integer_type_is_taken_as_rmm_takes_it():
     mr.set_per_device_resource(_Index(0), res)
     assert mr.get_per_device_resource(_Index(0)) is res
     memres.reinitialize(devices=[_Index(0)])
-    assert mr.get_per_device_resource_type(_Index(0)) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+    assert mr.get_per_device_resource_type(_Index(0)) is _default_type()
     buf = memres.DeviceBuffer(size=4, mr=mr.HostMemoryResource())
     assert buf.prefetch(device=_Index(-1)) is False and buf.prefetch(device=_Index(0)) is False
     for bad in (_Index(-2), _Index(64)):
@@ -1887,7 +1894,7 @@ def test_a_device_out_of_range_is_a_value_error_at_every_entry_point(bad):
         with pytest.raises(ValueError, match="device must be a device number or -1"):
             buf.prefetch(device=bad)
     assert memres.current_device() == 0
-    assert mr.get_per_device_resource_type(0) in (mr.CudaMemoryResource, mr.HostMemoryResource)
+    assert mr.get_per_device_resource_type(0) is _default_type()
 
 
 def test_available_device_memory_needs_cuda():

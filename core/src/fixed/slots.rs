@@ -33,12 +33,18 @@ pub(super) fn is_free_link(link: u32) -> bool {
 /// # Examples
 ///
 /// ```
-/// use memres_core::fixed::{Chunk, FixedSizeResource, Slot};
+/// use memres_core::fixed::{Chunk, FixedConfig, FixedSizeResource, Slot};
 /// use memres_core::storage::ArrayStorage;
+/// use memres_core::{MemoryResourceMut, Request};
 /// # use memres_core::testing::BumpUpstream;
 /// // Metadata for at most 4 chunks and 512 blocks, with no allocator.
 /// type NoHeap = FixedSizeResource<BumpUpstream, ArrayStorage<Chunk, 4>, ArrayStorage<Slot, 512>>;
-/// assert_eq!(Slot::default(), Slot::default());
+/// let mut f = NoHeap::with_config_in(BumpUpstream::new(1 << 30), FixedConfig::new(1024), &())?;
+/// let b = f.allocate(Request::new(1000)?, &())?;
+/// assert_eq!(f.used_blocks(), 1);
+/// f.deallocate(b, &())?;
+/// assert_eq!(f.used_blocks(), 0);
+/// # Ok::<(), memres_core::Error>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Slot {
