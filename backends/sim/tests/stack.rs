@@ -99,7 +99,7 @@ fn errors_name_the_position() {
         ),
         (
             "pool(sim, initial=1000)",
-            0,
+            18,
             StackErrorKind::Resource(Error::InvalidConfig {
                 what: "initial pool size is not a multiple of 256",
             }),
@@ -645,7 +645,7 @@ fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
     assert_eq!(
         (e.pos, e.kind),
         (
-            0,
+            35,
             StackErrorKind::Resource(Error::InvalidConfig {
                 what: "initial pool size is not a multiple of 256"
             })

@@ -12,7 +12,7 @@ use crate::per_stream::{PerStreamPool, PoolMaker};
 use crate::planned::Planned;
 use crate::pool::{CoalescingPool, Growth, PoolConfig};
 use crate::primitive::{AtomicU64, Ordering::Relaxed};
-use crate::{Block, DynResource, MemoryResource, Request, Result, Shared, Stream};
+use crate::{Block, DynResource, Error, MemoryResource, Request, Result, Shared, Stream};
 use alloc::format;
 use alloc::sync::Arc;
 
@@ -355,7 +355,26 @@ pub fn pool_config(call: &Call) -> Result<PoolConfig, StackError> {
         Some(v) => config = config.large_threshold(v.size()?),
         None => {}
     }
+    // Refused at the value its message names, as the arena's sizes are:
+    // the pool's own check names no key.
+    config.validate().map_err(|e| {
+        let key = match e {
+            Error::InvalidConfig { what } if what.starts_with("initial") => call.keyed("initial"),
+            Error::InvalidConfig { what } if what.starts_with("maximum") => call.keyed("max"),
+            Error::InvalidConfig { what } if what.starts_with("growth") => {
+                call.keyed("granule").or(call.keyed("growth"))
+            }
+            _ => None,
+        };
+        refused_at(call, key, e)
+    })?;
     Ok(config)
+}
+
+/// `e`, what a resource refuses of its configuration, at `value` (the one
+/// its message names), else at the call's name.
+fn refused_at(call: &Call, value: Option<&Value>, e: Error) -> StackError {
+    StackError::new(value.map_or(call.pos, Value::pos), StackErrorKind::Resource(e))
 }
 
 /// `pool(UP, per_stream=true, ...)`: a [`PerStreamPool`] of pools with
@@ -439,6 +458,18 @@ pub fn fixed_config(call: &Call) -> Result<FixedConfig, StackError> {
     if let Some(blocks) = call.u32_arg("blocks", "a whole number")? {
         config = config.blocks_per_chunk(blocks);
     }
+    // At the value its message names (a chunk too large: at `blocks=`
+    // where given, else at the size).
+    config.validate().map_err(|e| {
+        let size = one_of(call, 1, "size").ok().flatten();
+        let key = match e {
+            Error::InvalidConfig { what } if what.starts_with("block size") => size,
+            Error::InvalidConfig { what } if what.starts_with("blocks") => call.keyed("blocks"),
+            Error::InvalidConfig { what } if what.starts_with("chunk size") => call.keyed("blocks").or(size),
+            _ => None,
+        };
+        refused_at(call, key, e)
+    })?;
     Ok(config)
 }
 

@@ -191,6 +191,44 @@ fn errors_name_the_position_and_build_nothing() {
 /// its value that names its key. Before, each was the resource's own
 /// message at the call (byte 0): one for any arena size not a multiple of
 /// 256, and "chunk size overflows" for a bin too large.
+/// A pool's or fixed-size resource's configuration that the resource
+/// refuses is an error at the value its message names, as the arena's
+/// sizes are. Before, every one was at the call's name (byte 0 of
+/// `pool(bump, initial=1000)`).
+#[test]
+fn a_refused_pool_or_fixed_configuration_is_an_error_at_its_value() {
+    let b = builder::<()>();
+    let cases = [
+        ("stats(pool(bump, initial=1000))", "initial=", "initial pool size is not a multiple of 256"),
+        ("stats(pool(bump, max=1000))", "max=", "maximum pool size is not a multiple of 256"),
+        ("stats(pool(bump, initial=4MiB, max=2MiB))", "max=", "maximum pool size below the initial size"),
+        (
+            "stats(pool(bump, granule=9223372036854775808))",
+            "granule=",
+            "growth granule above the largest request",
+        ),
+        (
+            "stats(pool(bump, initial=18446744073709551360))",
+            "initial=",
+            "initial pool size above the largest request",
+        ),
+        (
+            "stats(pool(bump, per_stream=true, initial=1000))",
+            "initial=",
+            "initial pool size is not a multiple of 256",
+        ),
+        ("stats(fixed(bump, 1000))", "1000", "block size is zero, not a multiple of 256 or too large"),
+        ("stats(fixed(bump, size=1000))", "size=", "block size is zero, not a multiple of 256 or too large"),
+        ("stats(fixed(bump, blocks=0))", "blocks=", "blocks per chunk is zero, or too large (above 2^20)"),
+        ("stats(fixed(bump, 36028797018963968, blocks=1048576))", "blocks=", "chunk size overflows"),
+    ];
+    for (text, key, what) in cases {
+        let e = b.build(text, &()).err().unwrap_or_else(|| panic!("{text} built"));
+        let at = text.find(key).unwrap() + key.find('=').map_or(0, |i| i + 1);
+        assert_eq!((e.pos, e.kind), (at, StackErrorKind::Resource(Error::InvalidConfig { what })), "{text}");
+    }
+}
+
 #[test]
 fn a_refused_arena_or_bin_size_is_an_error_at_its_value_naming_its_key() {
     use alloc::string::String;
