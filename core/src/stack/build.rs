@@ -82,12 +82,32 @@ impl<'a, S: ?Sized> Context<'a, S> {
         // Every step readied before any is done: one refused (a second log
         // file that cannot be opened, or written) leaves what the others
         // would change (the first log's file) as it was.
-        let ready: Vec<Ready> =
-            self.when_built.into_inner().into_iter().map(|step| step()).collect::<Result<_, _>>()?;
-        for done in ready {
-            done()?;
+        let steps = self.when_built.take();
+        let done =
+            steps.into_iter().map(|step| step()).collect::<Result<Vec<Ready>, _>>().and_then(|ready| {
+                for done in ready {
+                    done()?;
+                }
+                Ok(())
+            });
+        if let Err(e) = done {
+            self.let_go_layers(0);
+            return Err(e);
         }
         Ok((self.handles.into_inner(), self.releasing.into_inner()))
+    }
+
+    /// Lets go of the layers kept since the first `from`, each given back
+    /// what it keeps free on the build stream first, outermost first: a
+    /// build that failed leaves nothing taken from an upstream shared
+    /// beyond it (a pool's initial size), whatever its stream's drop does
+    /// (a stream with no [`Stream::at_drop`] stream: a dropped pool keeps
+    /// its chunks). What a layer cannot give back stays with it.
+    fn let_go_layers(&self, from: usize) {
+        let gone: Vec<Layer<S>> = self.releasing.borrow_mut().drain(from..).collect();
+        for layer in gone.iter().rev() {
+            let _ = layer.layer.release(self.stream);
+        }
     }
 }
 
@@ -126,8 +146,8 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     /// them the resources only they hold), layers and steps of a build
     /// that failed.
     fn undo(&self, (handles, layers, steps): (usize, usize, usize)) {
+        self.let_go_layers(layers);
         self.handles.borrow_mut().truncate(handles);
-        self.releasing.borrow_mut().truncate(layers);
         self.when_built.borrow_mut().truncate(steps);
     }
 
@@ -253,7 +273,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     ) -> Result<T, StackError> {
         let cx = Context::new(builder, self.stream, Some(self));
         // On error what it kept goes with `cx`, as an upstream's that failed.
-        let built = f(&cx)?;
+        let built = f(&cx).inspect_err(|_| cx.let_go_layers(0))?;
         self.handles.borrow_mut().append(&mut cx.handles.into_inner());
         let mut layers = cx.releasing.into_inner();
         if !layers.is_empty() {
@@ -704,7 +724,7 @@ impl<S: Stream + ?Sized + 'static> StackBuilder<S> {
     /// As [`build_call`](Self::build_call).
     pub fn build_call_with_handles(&self, call: &Call, stream: &S) -> Result<Built<S>, StackError> {
         let cx = Context::new(self, stream, None);
-        let resource = self.build_in(call, &cx)?;
+        let resource = self.build_in(call, &cx).inspect_err(|_| cx.let_go_layers(0))?;
         let (mut handles, releasing) = cx.finish()?;
         // A call's upstreams are written after its name: by position is
         // outermost first.

@@ -397,3 +397,34 @@ fn a_failed_build_a_constructor_goes_on_from_keeps_nothing() {
         built.resource.deallocate(x, &()).unwrap();
     }
 }
+
+/// A stack refused after some of its layers took memory (a pool's initial
+/// size) from an upstream shared beyond it gives that memory back, on a
+/// stream with no drop stream too (where a dropped pool keeps its chunks):
+/// refused in a layer above (`align`'s alignment), in the layer that wraps
+/// it (a limit met), or when the whole stack was built (a `log` file that
+/// cannot be opened). Before, the shared leaf kept 1 MiB for each.
+#[test]
+fn a_refused_stack_gives_back_what_its_layers_took_from_a_shared_upstream() {
+    let below = Arc::new(Statistics::new(Unbacked::new()));
+    let mut b = StackBuilder::<IdStream>::new();
+    b.register_resource("leaf", below.clone());
+    let mut refused = vec![
+        "align(pool(leaf, initial=1MiB), alignment=3)",
+        "align(pool(leaf, initial=1MiB, per_stream=true), alignment=3)",
+        "align(arena(leaf, initial=1MiB), alignment=3)",
+        "pool(limit(pool(leaf, initial=1MiB), 2MiB), initial=4MiB)",
+        "stats(binning(leaf, bin(1KiB, pool(leaf, initial=1MiB)), bin(2KiB, pool(leaf, initial=lots))))",
+    ];
+    if cfg!(feature = "std") {
+        refused.push("log(pool(leaf, initial=1MiB), file=/nonexistent-dir/x.csv)");
+    }
+    for text in refused {
+        assert!(b.build(text, &IdStream(0)).is_err(), "{text} built");
+        assert_eq!(below.get_bytes_counter().value, 0, "{text}: the shared leaf still holds memory");
+    }
+    // A stack that builds keeps its pool's initial size.
+    let built = b.build("pool(leaf, initial=1MiB)", &IdStream(0)).unwrap();
+    assert_eq!(below.get_bytes_counter().value, 1 << 20);
+    drop(built);
+}
