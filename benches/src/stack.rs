@@ -236,8 +236,8 @@ pub fn check_stack(text: &str, upstream: UpstreamKind) -> Result<Checked, String
 /// stream of its own: each `arena` layer needs a slot of its table of
 /// arenas for each stream with blocks live, and gives a stream that finds
 /// none [`memres_core::Error::CapacityExhausted`]. With more threads than
-/// slots, whether a replay fails would hang on how the threads happen to
-/// overlap.
+/// slots, whether a replay fails would depend on how the threads happen
+/// to overlap.
 ///
 /// # Errors
 ///
