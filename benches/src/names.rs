@@ -243,8 +243,12 @@ pub fn explain(text: &str, e: &StackError) -> String {
         StackErrorKind::UnknownKey(k) => {
             let call = parse(text).ok();
             let keys = call.as_ref().and_then(|c| call_with_key_at(c, e.pos)).and_then(|c| find(&c.name));
-            if let Some(entry) = keys {
-                out.push_str(&hint(k, entry.keys.iter().map(|&(k, _)| k)));
+            match keys {
+                Some(entry) if entry.keys.is_empty() => {
+                    out.push_str(&format!(" (`{}` takes no keys)", entry.name));
+                }
+                Some(entry) => out.push_str(&hint(k, entry.keys.iter().map(|&(k, _)| k))),
+                None => {}
             }
         }
         _ => {}

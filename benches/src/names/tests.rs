@@ -31,6 +31,9 @@ fn unknown_names_and_keys_list_the_valid_ones_and_the_nearest() {
     );
     let e = build_error("fixed(sim, blox=4)");
     assert!(e.contains("(valid: size, blocks)"), "{e}");
+    // A name that takes no keys says so rather than list none.
+    let e = build_error("stats(sim, x=1)");
+    assert!(e.ends_with("unknown key `x` (`stats` takes no keys)"), "{e}");
     // Nothing near: the list alone.
     assert!(!build_error("zzzzzz(sim)").contains("did you mean"));
 }
