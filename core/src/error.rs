@@ -6,7 +6,10 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 /// Everything that can go wrong, as a value.
 ///
 /// Every failure leaves the resource usable and its accounting exact: a
-/// failed call changes nothing.
+/// failed call hands out nothing and frees no block of the caller's. It
+/// may have changed what the resource holds from its upstream, as a
+/// success may: a pool gives its wholly free chunks back before it grows,
+/// and the growth can then fail.
 ///
 /// # Examples
 ///
