@@ -12,18 +12,19 @@ use core::ptr;
 #[derive(Debug, Default)]
 pub(crate) struct Key(#[allow(dead_code)] u8);
 
-/// One call of [`run`] in progress: a local of that call.
+/// One call of [`run`] in progress: a local of that call, linked into
+/// this thread's list while the call runs.
 struct Node {
     key: *const Key,
-    /// The call it runs inside of, or null.
-    outer: *const Node,
+    /// The node linked in before this one, or null.
+    outer: Cell<*const Node>,
 }
 
 std::thread_local! {
-    /// The innermost call of [`run`] on this thread, whose nodes link to
-    /// the outer ones. A pointer, without a destructor: the list stays
-    /// there while the thread's other thread-locals are destroyed, whose
-    /// destructors may call adaptors too.
+    /// The node linked in last, whose `outer` links lead through the
+    /// others. A pointer, without a destructor: the list stays there while
+    /// the thread's other thread-locals are destroyed, whose destructors
+    /// may call adaptors too.
     static INNERMOST: Cell<*const Node> = const { Cell::new(ptr::null()) };
 }
 
@@ -31,35 +32,70 @@ std::thread_local! {
 /// running it, if code of that adaptor runs on this thread already: the
 /// caller is inside it.
 pub(crate) fn run<T>(key: &Key, f: impl FnOnce() -> T) -> Option<T> {
-    let outer = INNERMOST.with(Cell::get);
-    let mut at = outer;
-    while !at.is_null() {
-        // SAFETY: the list holds only nodes of calls of `run` in progress
-        // on this thread: each is linked in below, a local of its call, and
-        // `Unlink` takes it out before that call returns or unwinds; the
-        // list is this thread's own, and its calls nest (each returns
-        // before the one it was made from: a thread runs one stack; a
-        // coroutine library that switched stacks inside `f` would break
-        // `scoped-tls`-like code everywhere, and cannot be safe to use).
-        // So `at` points to a live `Node`.
-        let node = unsafe { &*at };
-        if ptr::eq(node.key, key) {
-            return None;
-        }
-        at = node.outer;
+    if linked(key) {
+        return None;
     }
-    let node = Node { key, outer };
-    INNERMOST.with(|i| i.set(&node));
-    let _unlink = Unlink(outer);
+    let node = Node { key, outer: Cell::new(ptr::null()) };
+    let _unlink = link(&node);
     Some(f())
 }
 
-/// Puts the list back as it was before a call of [`run`] linked its node.
-struct Unlink(*const Node);
+/// Whether a node of `key` is in this thread's list.
+fn linked(key: &Key) -> bool {
+    let mut at = INNERMOST.with(Cell::get);
+    while !at.is_null() {
+        // SAFETY: `at` is read from the list, which holds only live nodes.
+        // `link` (private) is called by `run` alone, on a local declared
+        // before the `Unlink` it returns, so the node is dropped after the
+        // `Unlink`, whose drop, on return or unwind, takes exactly this
+        // node out, whichever nodes were linked in and out meanwhile:
+        // calls need not end in the order they began (a callback may
+        // switch stacks). A stack switched away from and never resumed
+        // is never freed either unless unwound, which drops the `Unlink`.
+        // The list is this thread's own: a call ends on the thread it
+        // began on, since a stack moved to another thread would break
+        // `LocalKey::with` in safe code as well (a reference to a
+        // thread-local held across the move), and `Node` is neither
+        // `Send` nor `Sync`.
+        let node = unsafe { &*at };
+        if ptr::eq(node.key, key) {
+            return true;
+        }
+        at = node.outer.get();
+    }
+    false
+}
 
-impl Drop for Unlink {
+/// Puts `node` first in this thread's list, until the returned guard is
+/// dropped.
+fn link(node: &Node) -> Unlink<'_> {
+    node.outer.set(INNERMOST.with(Cell::get));
+    INNERMOST.with(|i| i.set(node));
+    Unlink(node)
+}
+
+/// Takes its node out of this thread's list: by identity, wherever it is
+/// in the list now.
+struct Unlink<'a>(&'a Node);
+
+impl Drop for Unlink<'_> {
     fn drop(&mut self) {
-        INNERMOST.with(|i| i.set(self.0));
+        let this: *const Node = self.0;
+        let outer = self.0.outer.get();
+        if INNERMOST.with(Cell::get) == this {
+            INNERMOST.with(|i| i.set(outer));
+            return;
+        }
+        let mut at = INNERMOST.with(Cell::get);
+        while !at.is_null() {
+            // SAFETY: as in `linked`: every node in the list is live.
+            let node = unsafe { &*at };
+            if node.outer.get() == this {
+                node.outer.set(outer);
+                return;
+            }
+            at = node.outer.get();
+        }
     }
 }
 
@@ -85,6 +121,43 @@ mod tests {
         // A panic unwinding through the call takes it out too.
         assert!(std::panic::catch_unwind(|| run(&a, || panic!("out"))).is_err());
         assert!(run(&a, || ()).is_some(), "after it unwound");
+    }
+
+    /// Calls that end out of the order they began (a callback that
+    /// switches stacks, as a coroutine library's safe `resume` does) take
+    /// their own node out, and no other: the list never holds a node that
+    /// is gone. Before, a call put back the list as it was when it began,
+    /// and the next call read a node freed meanwhile (Miri: a use after
+    /// free).
+    #[test]
+    fn calls_that_end_out_of_order_take_out_their_own_node() {
+        use super::{link, linked, Node};
+        let (a, b, c) = (Key::default(), Key::default(), Key::default());
+        let nb = Node { key: &b, outer: Default::default() };
+        let ub = {
+            let na = Node { key: &a, outer: Default::default() };
+            let ua = link(&na);
+            let ub = link(&nb);
+            // `a`'s call ends first, under `b`'s, and its node is freed.
+            drop(ua);
+            assert!(!linked(&a) && linked(&b));
+            ub
+        };
+        assert!(!linked(&c) && linked(&b), "the list is walked past where `a` was");
+        assert!(run(&c, || (linked(&b), run(&b, || ()).is_none())) == Some((true, true)));
+        drop(ub);
+        assert!(!linked(&b) && run(&b, || ()).is_some());
+        // The middle one of three.
+        let (na, nb, nc) = [&a, &b, &c].map(|k| Node { key: k, outer: Default::default() }).into();
+        let ua = link(&na);
+        let ub = link(&nb);
+        let uc = link(&nc);
+        drop(ub);
+        assert!(linked(&a) && !linked(&b) && linked(&c));
+        drop(ua);
+        assert!(!linked(&a) && linked(&c));
+        drop(uc);
+        assert!(super::INNERMOST.with(std::cell::Cell::get).is_null());
     }
 
     /// An adaptor whose upstream, held by value, begins at its own
