@@ -185,6 +185,11 @@ const FINALIZING: Error = Error::Backend { code: -4, what: "the Python interpret
 /// the GIL.
 static PYTHON_UNDER_STACKS: AtomicBool = AtomicBool::new(false);
 
+/// Notes that a build was given Python functions.
+pub(crate) fn note_python_under_stacks() {
+    PYTHON_UNDER_STACKS.store(true, Ordering::Relaxed);
+}
+
 pub(crate) fn python_under_stacks() -> bool {
     // Relaxed: a stack reaches another thread through a lock (the device
     // registry, a table, Python's objects), which orders the store first.
@@ -426,7 +431,7 @@ pub(crate) fn register_callbacks(
     kept: &Arc<Kept>,
 ) -> PyResult<Vec<Arc<Function>>> {
     if allocate.is_some() || on_failure.is_some() {
-        PYTHON_UNDER_STACKS.store(true, Ordering::Relaxed);
+        note_python_under_stacks();
     }
     let mut functions = Vec::new();
     if let (Some(allocate), Some(deallocate)) = (allocate, deallocate) {

@@ -370,7 +370,9 @@ unsafe fn free(ptr: *mut c_void, size: isize, device: i32, stream: *mut c_void) 
         }
         entries.remove(addr).ok_or_else(unknown)?
     };
-    let resource = free_taken(table, block, resource, &s)?;
+    // SAFETY: `s` is the stream its caller keeps valid until a free
+    // deferred on it is applied (the contract).
+    let resource = unsafe { crate::reentry::vouched_for(&s, || free_taken(table, block, resource, &s)) }?;
     // The last block of a stack no longer current: the stack goes with it.
     crate::callback::drop_saying_what_raised(resource);
     Ok(())

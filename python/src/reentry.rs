@@ -33,7 +33,7 @@
 
 use crate::backend::{self, Stream};
 use memres_core::{Block, DynResource, Error, MemoryResource, Request};
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -376,10 +376,39 @@ impl MemoryResource<Stream> for Guarded {
 }
 
 /// [`Guarded`] as the device registry holds it for the C functions
-/// (`memres_py_alloc`, `memres_py_free`), the only callers of the
-/// registry's resources: a free that meets a call in progress is deferred
-/// on a stream named by its handle again.
+/// (`memres_py_alloc`, `memres_py_free`): a free of `memres_py_free` that
+/// meets a call in progress is deferred on a stream named by its handle
+/// again, which that function's caller keeps valid until it is applied.
+/// Any other free that meets one (Rust code of the process calling the
+/// registry's resource, which only borrows its stream) is refused with
+/// [`Error::Reentrant`], as through [`Guarded`].
 pub(crate) struct CFrees(pub(crate) Arc<Guarded>);
+
+thread_local! {
+    /// The handle of the stream that a `memres_py_free` in progress on
+    /// this thread was given, whose caller keeps it valid until a free
+    /// deferred on it is applied (that function's contract).
+    static VOUCHED_FOR: Cell<Option<u64>> = const { Cell::new(None) };
+}
+
+/// Runs `f`, the free of `memres_py_free`, with `stream` vouched for: a
+/// free of [`CFrees`] on a stream of the same handle may be deferred.
+///
+/// # Safety
+///
+/// The stream that `stream`'s handle names stays valid until every free
+/// deferred on it meanwhile is applied.
+pub(crate) unsafe fn vouched_for<T>(stream: &Stream, f: impl FnOnce() -> T) -> T {
+    struct Restore(Option<u64>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            let _ = VOUCHED_FOR.try_with(|v| v.set(self.0));
+        }
+    }
+    let handle = backend::handle_of(stream);
+    let _restore = VOUCHED_FOR.try_with(|v| Restore(v.replace(Some(handle)))).ok();
+    f()
+}
 
 impl MemoryResource<Stream> for CFrees {
     fn allocate(&self, request: Request, stream: &Stream) -> memres_core::Result<Block> {
@@ -390,16 +419,18 @@ impl MemoryResource<Stream> for CFrees {
         if !meets_a_call(&self.0.covers, Call::Free) {
             return self.0.deallocate(block, stream);
         }
-        // SAFETY: a free through the registry's resource is one of
-        // `memres_py_free`, whose stream its caller named by this handle on
-        // this thread and keeps valid until a deferred free is applied (its
-        // contract), or the give-back of `memres_py_alloc` of a block this
-        // stack just handed out, which meets no call here: an allocation
-        // meets every call a free into the same stack meets
-        // (`Frame::meets`). The deferred free runs on this thread (the
-        // queue is the thread's), where the handle names the same stream as
-        // the caller's value (a per-thread stream: this thread's).
-        let again = unsafe { backend::stream(backend::handle_of(stream), self.0.device) }
+        let handle = backend::handle_of(stream);
+        if VOUCHED_FOR.try_with(Cell::get).ok().flatten() != Some(handle) {
+            // A borrowed stream cannot wait with a deferred free.
+            return Err(Error::Reentrant);
+        }
+        // SAFETY: a stream of this handle is vouched for on this thread:
+        // `vouched_for`'s caller keeps the stream it names valid until the
+        // frees deferred meanwhile are applied (its `# Safety`). The
+        // deferred free runs on this thread (the queue is the thread's),
+        // where the handle names the same stream as the caller's value (a
+        // per-thread stream: this thread's).
+        let again = unsafe { backend::stream(handle, self.0.device) }
             .map_err(|_| Error::InvalidConfig { what: "the stream of a deferred free cannot be had" })?;
         self.0.free(block, again, ())
     }
@@ -460,4 +491,55 @@ fn free_later(resource: &DynResource<Stream>, block: Block, stream: &Stream) {
 /// another thread may hold while it waits for those.
 pub(crate) fn in_a_callback() -> bool {
     with_state(|s| s.active.iter().any(|f| !f.callbacks.is_empty())).unwrap_or(false)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// Takes every free, and says which.
+    #[derive(Default)]
+    struct Frees(Mutex<Vec<Block>>);
+
+    impl MemoryResource<Stream> for Frees {
+        fn allocate(&self, _request: Request, _stream: &Stream) -> memres_core::Result<Block> {
+            Err(Error::InvalidConfig { what: "allocates nothing" })
+        }
+
+        fn deallocate(&self, block: Block, _stream: &Stream) -> memres_core::Result<()> {
+            self.0.lock().unwrap().push(block);
+            Ok(())
+        }
+    }
+
+    /// A free through the registry's resource that meets a call in
+    /// progress is deferred only where `memres_py_free`'s caller vouches
+    /// for its stream; any other caller only borrows the stream, and is
+    /// refused. Before, every such free was deferred on a stream made
+    /// again from its handle, which Rust code could destroy before the
+    /// free was applied.
+    #[test]
+    fn a_free_that_meets_a_call_is_deferred_only_on_a_stream_vouched_for() {
+        crate::callback::note_python_under_stacks();
+        let frees = Arc::new(Frees::default());
+        let covers = Covers::new([], false);
+        let inner: DynResource<Stream> = frees.clone();
+        let c = CFrees(Arc::new(Guarded { inner, covers: covers.clone(), device: 0 }));
+        let stream = Stream::default();
+        let block = Block::new(0x1000, 256, 1);
+        {
+            let _call = enter(&covers).unwrap();
+            assert_eq!(c.deallocate(block, &stream), Err(Error::Reentrant), "a borrowed stream");
+            // SAFETY: the simulated device's stream is a value, valid for ever.
+            let vouched = unsafe { vouched_for(&stream, || c.deallocate(block, &stream)) };
+            assert_eq!(vouched, Ok(()), "taken, to be applied later");
+            assert!(frees.0.lock().unwrap().is_empty(), "not yet: the call is in progress");
+            assert_eq!(c.deallocate(block, &stream), Err(Error::Reentrant), "vouched for that free alone");
+        }
+        assert_eq!(*frees.0.lock().unwrap(), [block], "applied once the call ended");
+        // Outside any call, a free goes through at once.
+        assert_eq!(c.deallocate(block, &stream), Ok(()));
+        assert_eq!(frees.0.lock().unwrap().len(), 2);
+    }
 }
