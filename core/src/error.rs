@@ -6,10 +6,11 @@ pub type Result<T, E = Error> = core::result::Result<T, E>;
 /// Everything that can go wrong, as a value.
 ///
 /// Every failure leaves the resource usable and its accounting exact: a
-/// failed call hands out nothing and frees no block of the caller's. It
-/// may have changed what the resource holds from its upstream, as a
-/// success may: a pool gives its wholly free chunks back before it grows,
-/// and the growth can then fail.
+/// failed call hands out nothing and frees no block of the caller's. What
+/// the resource holds from its upstream may differ afterwards only as far
+/// as the upstream decides: a pool gives its wholly free chunks back before
+/// it grows and takes them again if the growth fails, which the upstream
+/// may refuse.
 ///
 /// # Examples
 ///

@@ -365,6 +365,19 @@ def test_a_failed_growth_leaves_the_pool_holding_what_it_held():
     pool.deallocate(pool.allocate(MiB), MiB)
 
 
+def test_a_refused_resource_leaves_what_the_resource_it_is_built_over_holds():
+    # A pool over a pool that cannot give it its initial size is refused;
+    # the pool it was to be built over keeps its own initial size (the
+    # refusal gave it back to the device).
+    sim = mr.SimulatedMemoryResource(capacity=1 << 30)
+    p = mr.PoolMemoryResource(sim, initial_pool_size=1 << 29)
+    with pytest.raises(memres.OutOfMemory):
+        mr.PoolMemoryResource(p, initial_pool_size=1 << 31)
+    with pytest.raises(memres.InvalidArgument):
+        mr.StackMemoryResource("align(up0, alignment=3)", backend="sim", upstreams=(p,))
+    assert p.pool_size() == 1 << 29
+
+
 def test_limiting_adaptor_reports_its_limit():
     lim = mr.LimitingResourceAdaptor(sim_pool(), allocation_limit=MiB)
     assert lim.get_allocation_limit() == MiB

@@ -97,15 +97,17 @@ impl<'a, S: ?Sized> Context<'a, S> {
         Ok((self.handles.into_inner(), self.releasing.into_inner()))
     }
 
-    /// Lets go of the layers kept since the first `from`, each given back
-    /// what it keeps free on the build stream first, outermost first: a
-    /// build that failed leaves nothing taken from an upstream shared
-    /// beyond it (a pool's initial size), whatever its stream's drop does
-    /// (a stream with no [`Stream::at_drop`] stream: a dropped pool keeps
-    /// its chunks). What a layer cannot give back stays with it.
+    /// Lets go of the layers kept since the first `from`, each it made
+    /// given back what it keeps free on the build stream first, outermost
+    /// first: a build that failed leaves nothing taken from an upstream
+    /// shared beyond it (a pool's initial size), whatever its stream's
+    /// drop does (a stream with no [`Stream::at_drop`] stream: a dropped
+    /// pool keeps its chunks). What a layer cannot give back stays with
+    /// it. Another stack's layers ([`Context::keep_releasing_of`]) are
+    /// that stack's own: they keep what they hold.
     fn let_go_layers(&self, from: usize) {
         let gone: Vec<Layer<S>> = self.releasing.borrow_mut().drain(from..).collect();
-        for layer in gone.iter().rev() {
+        for layer in gone.iter().rev().filter(|l| l.own) {
             let _ = layer.layer.release(self.stream);
         }
     }
@@ -192,7 +194,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     /// [`ReleaseLayers`], so that a release of this stack goes on into that
     /// one's.
     pub fn keep_releasing_of(&self, call: &Call, layer: Arc<dyn Release<S>>) {
-        self.push_releasing(call, layer);
+        self.push_releasing(call, layer, false);
     }
 
     /// [`keep_leaf_of`](Self::keep_leaf_of) and
@@ -304,7 +306,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
 
     fn kept_releasing<T: Release<S> + 'static>(&self, call: &Call, resource: T) -> Arc<T> {
         let resource = self.kept(call, resource);
-        self.push_releasing(call, resource.clone());
+        self.push_releasing(call, resource.clone(), true);
         resource
     }
 
@@ -321,7 +323,7 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         T: MemoryResource<S> + Send + Sync + 'static,
     {
         let resource = self.kept(call, resource);
-        self.push_releasing(call, layer(resource.clone()));
+        self.push_releasing(call, layer(resource.clone()), true);
         resource
     }
 
@@ -332,9 +334,15 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         self.releasing.borrow().len()
     }
 
-    fn push_releasing(&self, call: &Call, layer: Arc<dyn Release<S>>) {
+    fn push_releasing(&self, call: &Call, layer: Arc<dyn Release<S>>, own: bool) {
         let innermost = !self.layer_under.get();
-        self.releasing.borrow_mut().push(Layer { name: call.name.clone(), pos: call.pos, innermost, layer });
+        self.releasing.borrow_mut().push(Layer {
+            name: call.name.clone(),
+            pos: call.pos,
+            innermost,
+            own,
+            layer,
+        });
     }
 
     pub(super) fn kept<T: Send + Sync + 'static>(&self, call: &Call, resource: T) -> Arc<T> {

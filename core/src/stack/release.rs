@@ -298,12 +298,22 @@ pub(super) struct Layer<S: ?Sized> {
     /// No other such layer is under it: what it gives back leaves the
     /// stack.
     pub(super) innermost: bool,
+    /// Made by this build, not another built stack's layers registered
+    /// ([`Context::keep_releasing_of`](super::Context::keep_releasing_of)):
+    /// only those are released when the build fails.
+    pub(super) own: bool,
     pub(super) layer: Arc<dyn Release<S>>,
 }
 
 impl<S: ?Sized> Clone for Layer<S> {
     fn clone(&self) -> Self {
-        Layer { name: self.name.clone(), pos: self.pos, innermost: self.innermost, layer: self.layer.clone() }
+        Layer {
+            name: self.name.clone(),
+            pos: self.pos,
+            innermost: self.innermost,
+            own: self.own,
+            layer: self.layer.clone(),
+        }
     }
 }
 

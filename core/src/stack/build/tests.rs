@@ -428,3 +428,27 @@ fn a_refused_stack_gives_back_what_its_layers_took_from_a_shared_upstream() {
     assert_eq!(below.get_bytes_counter().value, 1 << 20);
     drop(built);
 }
+
+/// A refused stack built over another built stack (its layers registered
+/// with `keep_releasing_of`, as the Python package names the resource
+/// objects a stack string is built over) leaves what that stack holds:
+/// it is not the refused build's. Before, the refusal released the other
+/// stack's pool, which gave back all it kept free.
+#[test]
+fn a_refused_stack_leaves_what_a_stack_it_is_built_over_holds() {
+    let leaf = Arc::new(Statistics::new(Unbacked::new()));
+    let mut b = StackBuilder::<IdStream>::new();
+    b.register_resource("leaf", leaf.clone());
+    let under = b.build_with_handles("pool(leaf, initial=1MiB)", &IdStream(0)).unwrap();
+    let mut over = StackBuilder::<IdStream>::new();
+    let (resource, layers) = (under.resource.clone(), under.release_layers());
+    over.register("under", move |call, cx| {
+        cx.keep_releasing_of(call, Arc::new(layers.clone()));
+        Ok(resource.clone())
+    });
+    for text in ["align(under, alignment=3)", "align(pool(under, initial=4KiB), alignment=3)"] {
+        assert!(over.build(text, &IdStream(0)).is_err(), "{text} built");
+        assert_eq!(leaf.get_bytes_counter().value, 1 << 20, "{text}: the stack under it gave its pool back");
+        assert_eq!(under.release_layers().held(), 1 << 20, "{text}");
+    }
+}
