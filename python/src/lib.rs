@@ -52,10 +52,19 @@ use pyo3::prelude::*;
 
 /// The log file of `device` for the name `name`, as RMM and the C library
 /// name it: `.devN` before the extension (`x.csv` is `x.dev1.csv` for device
-/// 1); `None` for an empty name.
+/// 1); `None` for an empty name. A name of a directory (`logs/`, `logs`
+/// where that is one) is a `ValueError`, as `MEMRES_LOG_FILE`'s is: the
+/// device's file would lie beside it (`logs.dev0`).
 #[pyfunction]
-fn log_file_of_device(name: std::path::PathBuf, device: u32) -> Option<std::path::PathBuf> {
-    memres_core::stack::log_file_of_device(Some(name.as_os_str()), device)
+fn log_file_of_device(name: std::path::PathBuf, device: u32) -> PyResult<Option<std::path::PathBuf>> {
+    let refused = |why: &dyn std::fmt::Display| {
+        pyo3::exceptions::PyValueError::new_err(format!("memres: log file `{}`: {why}", name.display()))
+    };
+    memres_core::snapshot::check_names_a_file(&name).map_err(|e| refused(&e))?;
+    if name.is_dir() {
+        return Err(refused(&"it names a directory; name a file in it"));
+    }
+    Ok(memres_core::stack::log_file_of_device(Some(name.as_os_str()), device))
 }
 
 /// The names of the resources of the stack `text`, outermost first: each

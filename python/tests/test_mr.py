@@ -1508,6 +1508,15 @@ def test_a_log_file_name_ending_in_a_newline_is_refused(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_log_file_name_of_a_directory_is_refused(tmp_path):
+    # The device's file would lie beside the directory (`d.dev0`).
+    (tmp_path / "d").mkdir()
+    for name in (tmp_path / "d", str(tmp_path / "d") + "/", str(tmp_path / "new") + "/", str(tmp_path / "d") + "/."):
+        with pytest.raises(ValueError, match="names a directory"):
+            mr.LoggingResourceAdaptor(sim_pool(), log_file_name=name)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"]
+
+
 def test_bad_stack_is_a_value_error_naming_the_position():
     with pytest.raises(ValueError, match="pool"):
         mr.StackMemoryResource("pool(sim, bogus=1)", backend="sim")
