@@ -8,9 +8,11 @@
 //! ```
 //!
 //! Each cell of a bar covers an equal share of the segment: `#` all used,
-//! `.` all free, `1`..`9` that many tenths used. Live blocks that lie in no
-//! segment held (from a leaf not watched, a `vpool` beside a `sim`) are
-//! summed up in one line of their own, apart from the bytes held.
+//! `.` all free, `1`..`9` that many tenths used, rounded down (a cell used
+//! under a tenth shows `1`, so that no used byte looks free). Live blocks
+//! that lie in no segment held (from a leaf not watched, a `vpool` beside
+//! a `sim`) are summed up in one line of their own, apart from the bytes
+//! held.
 
 use crate::report::human_bytes;
 use memres_core::snapshot::SegmentRuns;
