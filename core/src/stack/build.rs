@@ -97,17 +97,17 @@ impl<'a, S: ?Sized> Context<'a, S> {
         Ok((self.handles.into_inner(), self.releasing.into_inner()))
     }
 
-    /// Lets go of the layers kept since the first `from`, each it made
-    /// given back what it keeps free on the build stream first, outermost
-    /// first: a build that failed leaves nothing taken from an upstream
-    /// shared beyond it (a pool's initial size), whatever its stream's
-    /// drop does (a stream with no [`Stream::at_drop`] stream: a dropped
-    /// pool keeps its chunks). What a layer cannot give back stays with
-    /// it. Another stack's layers ([`Context::keep_releasing_of`]) are
-    /// that stack's own: they keep what they hold.
+    /// Lets go of the layers kept since the first `from`, those it made
+    /// over an upstream given back what they keep free on the build stream
+    /// first, outermost first: a build that failed leaves nothing taken
+    /// from an upstream shared beyond it (a pool's initial size), whatever
+    /// its stream's drop does (a stream with no [`Stream::at_drop`] stream:
+    /// a dropped pool keeps its chunks). What a layer cannot give back
+    /// stays with it. Another stack's layers and the driver's leaves are
+    /// not released (`Layer::let_go`).
     fn let_go_layers(&self, from: usize) {
         let gone: Vec<Layer<S>> = self.releasing.borrow_mut().drain(from..).collect();
-        for layer in gone.iter().rev().filter(|l| l.own) {
+        for layer in gone.iter().rev().filter(|l| l.let_go) {
             let _ = layer.layer.release(self.stream);
         }
     }
@@ -204,7 +204,9 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
     where
         T: MemoryResource<S> + MemoryOf<E> + Release<S> + 'static,
     {
-        leaf_of(self.kept_releasing(call, resource))
+        let resource = self.kept(call, resource);
+        self.push_releasing(call, resource.clone(), false);
+        leaf_of(resource)
     }
 
     /// How many resources this build has kept under `name` so far: for a
@@ -334,13 +336,13 @@ impl<S: Stream + ?Sized + 'static> Context<'_, S> {
         self.releasing.borrow().len()
     }
 
-    fn push_releasing(&self, call: &Call, layer: Arc<dyn Release<S>>, own: bool) {
+    fn push_releasing(&self, call: &Call, layer: Arc<dyn Release<S>>, let_go: bool) {
         let innermost = !self.layer_under.get();
         self.releasing.borrow_mut().push(Layer {
             name: call.name.clone(),
             pos: call.pos,
             innermost,
-            own,
+            let_go,
             layer,
         });
     }

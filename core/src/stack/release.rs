@@ -298,10 +298,15 @@ pub(super) struct Layer<S: ?Sized> {
     /// No other such layer is under it: what it gives back leaves the
     /// stack.
     pub(super) innermost: bool,
-    /// Made by this build, not another built stack's layers registered
-    /// ([`Context::keep_releasing_of`](super::Context::keep_releasing_of)):
-    /// only those are released when the build fails.
-    pub(super) own: bool,
+    /// Released when the build fails: a layer the build made over an
+    /// upstream, which may be shared beyond the stack. Not another built
+    /// stack's layers ([`Context::keep_releasing_of`](super::Context::keep_releasing_of)),
+    /// which keep what they hold, nor a leaf of the driver's memory
+    /// ([`Context::keep_leaf_of_releasing`](super::Context::keep_leaf_of_releasing)):
+    /// its drop gives back what it holds, or it fronts a pool of the
+    /// driver's shared beyond the stack (a device's default memory pool),
+    /// which a release would trim after waiting for the device.
+    pub(super) let_go: bool,
     pub(super) layer: Arc<dyn Release<S>>,
 }
 
@@ -311,7 +316,7 @@ impl<S: ?Sized> Clone for Layer<S> {
             name: self.name.clone(),
             pos: self.pos,
             innermost: self.innermost,
-            own: self.own,
+            let_go: self.let_go,
             layer: self.layer.clone(),
         }
     }

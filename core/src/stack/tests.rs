@@ -293,6 +293,59 @@ fn bytes_builder() -> StackBuilder<()> {
     b
 }
 
+/// A leaf of an engine's memory that keeps freed memory, as a driver's
+/// pool does: it counts the releases asked of it.
+struct DriverPool(Bytes, alloc::sync::Arc<core::sync::atomic::AtomicUsize>);
+
+impl MemoryResource for DriverPool {
+    fn allocate(&self, request: crate::Request, stream: &()) -> crate::Result<crate::Block> {
+        self.0.allocate(request, stream)
+    }
+    fn deallocate(&self, block: crate::Block, stream: &()) -> crate::Result<()> {
+        self.0.deallocate(block, stream)
+    }
+}
+
+// SAFETY: no engine of these tests touches the blocks.
+unsafe impl crate::copy::MemoryOf<Engine> for DriverPool {}
+
+impl Release<()> for DriverPool {
+    fn release(&self, _stream: &()) -> crate::Result<u64> {
+        self.1.fetch_add(1, core::sync::atomic::Ordering::Relaxed);
+        Ok(0)
+    }
+    fn held(&self) -> u64 {
+        0
+    }
+}
+
+/// A refused stack over a leaf of the driver's memory leaves the leaf
+/// unreleased (its release would wait for the device and trim a pool the
+/// driver may share beyond the stack), and releases the pool it made over
+/// it; a built stack's release reaches both.
+#[test]
+fn a_refused_stack_releases_its_pools_but_not_a_leaf_of_the_drivers_memory() {
+    let releases = alloc::sync::Arc::new(core::sync::atomic::AtomicUsize::new(0));
+    let mut b = StackBuilder::<()>::new();
+    let seen = releases.clone();
+    b.register_leaf_of::<Engine>("driver", move |call, cx| {
+        call.expect_args(0, &[])?;
+        Ok(cx.keep_leaf_of_releasing(
+            call,
+            DriverPool(Bytes(crate::testing::BumpUpstream::new(1 << 30)), seen.clone()),
+        ))
+    });
+    for text in ["align(driver, alignment=3)", "align(pool(driver, initial=1MiB), alignment=3)"] {
+        assert!(b.build(text, &()).is_err(), "{text}");
+        assert_eq!(releases.load(core::sync::atomic::Ordering::Relaxed), 0, "{text}");
+    }
+    let built = b.build_with_handles("pool(driver, initial=1MiB)", &()).unwrap();
+    let layers = built.release_layers();
+    assert_eq!(layers.held_by("pool"), 1 << 20);
+    layers.release(&()).unwrap();
+    assert_eq!((layers.held_by("pool"), releases.load(core::sync::atomic::Ordering::Relaxed)), (0, 1));
+}
+
 #[test]
 fn a_leaf_of_an_engine_is_built_with_its_promise_and_its_typed_handle() {
     let b = bytes_builder();
