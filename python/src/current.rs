@@ -572,7 +572,13 @@ fn give_back_kept_of(d: usize, caller: &str) {
     let outer = OuterRaised::take();
     let given = guarded(|| {
         let s = backend::default_stream(d as u32).map_err(|e| format!("the default stream: {e}"))?;
-        give_back(kept, &s, crate::callback::drop_saying_what_raised)
+        // SAFETY: `s` is the legacy default stream of the device's primary
+        // context, which the package keeps for the process (`backend`), so
+        // it is valid when a give-back deferred on it (a call from inside a
+        // callback) is applied.
+        unsafe {
+            crate::reentry::vouched_for(&s, || give_back(kept, &s, crate::callback::drop_saying_what_raised))
+        }
     });
     if let Err(why) = given {
         set_last_error(format!(

@@ -33,7 +33,7 @@
 
 use crate::backend::{self, Stream};
 use memres_core::{Block, DynResource, Error, MemoryResource, Request};
-use std::cell::{Cell, RefCell};
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::marker::PhantomData;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -385,10 +385,12 @@ impl MemoryResource<Stream> for Guarded {
 pub(crate) struct CFrees(pub(crate) Arc<Guarded>);
 
 thread_local! {
-    /// The handle of the stream that a `memres_py_free` in progress on
-    /// this thread was given, whose caller keeps it valid until a free
-    /// deferred on it is applied (that function's contract).
-    static VOUCHED_FOR: Cell<Option<u64>> = const { Cell::new(None) };
+    /// The handles of the streams that calls in progress on this thread
+    /// vouch for (`memres_py_free`'s, whose caller keeps its stream valid
+    /// until a free deferred on it is applied), each with its number:
+    /// taken out by number, so that calls that end out of order (greenlets
+    /// switched inside a callback) take out their own.
+    static VOUCHED_FOR: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Runs `f`, the free of `memres_py_free`, with `stream` vouched for: a
@@ -399,15 +401,23 @@ thread_local! {
 /// The stream that `stream`'s handle names stays valid until every free
 /// deferred on it meanwhile is applied.
 pub(crate) unsafe fn vouched_for<T>(stream: &Stream, f: impl FnOnce() -> T) -> T {
-    struct Restore(Option<u64>);
-    impl Drop for Restore {
+    struct Unvouch(u64);
+    impl Drop for Unvouch {
         fn drop(&mut self) {
-            let _ = VOUCHED_FOR.try_with(|v| v.set(self.0));
+            let _ = VOUCHED_FOR.try_with(|v| v.borrow_mut().retain(|&(n, _)| n != self.0));
         }
     }
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
     let handle = backend::handle_of(stream);
-    let _restore = VOUCHED_FOR.try_with(|v| Restore(v.replace(Some(handle)))).ok();
+    let _unvouch = VOUCHED_FOR.try_with(|v| v.borrow_mut().push((n, handle))).ok().map(|()| Unvouch(n));
     f()
+}
+
+/// Whether a call in progress on this thread vouches for the stream of
+/// `handle` ([`vouched_for`]).
+fn vouched(handle: u64) -> bool {
+    VOUCHED_FOR.try_with(|v| v.borrow().iter().any(|&(_, h)| h == handle)).unwrap_or(false)
 }
 
 impl MemoryResource<Stream> for CFrees {
@@ -420,7 +430,7 @@ impl MemoryResource<Stream> for CFrees {
             return self.0.deallocate(block, stream);
         }
         let handle = backend::handle_of(stream);
-        if VOUCHED_FOR.try_with(Cell::get).ok().flatten() != Some(handle) {
+        if !vouched(handle) {
             // A borrowed stream cannot wait with a deferred free.
             return Err(Error::Reentrant);
         }
@@ -493,7 +503,7 @@ pub(crate) fn in_a_callback() -> bool {
     with_state(|s| s.active.iter().any(|f| !f.callbacks.is_empty())).unwrap_or(false)
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(feature = "cuda")))]
 mod tests {
     use super::*;
     use std::sync::Mutex;
@@ -538,6 +548,7 @@ mod tests {
             assert_eq!(c.deallocate(block, &stream), Err(Error::Reentrant), "vouched for that free alone");
         }
         assert_eq!(*frees.0.lock().unwrap(), [block], "applied once the call ended");
+        assert!(!vouched(backend::handle_of(&stream)), "the vouch ended with its call");
         // Outside any call, a free goes through at once.
         assert_eq!(c.deallocate(block, &stream), Ok(()));
         assert_eq!(frees.0.lock().unwrap().len(), 2);

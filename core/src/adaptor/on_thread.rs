@@ -4,6 +4,7 @@
 
 use core::cell::Cell;
 use core::ptr;
+use std::boxed::Box;
 
 /// What tells one adaptor's code from another's on a thread: a field of
 /// the adaptor, by its address. It is never of size zero, so no two live
@@ -12,9 +13,12 @@ use core::ptr;
 #[derive(Debug, Default)]
 pub(crate) struct Key(#[allow(dead_code)] u8);
 
-/// One call of [`run`] in progress: a local of that call, linked into
-/// this thread's list while the call runs.
+/// One call of [`run`] in progress, linked into its thread's list while
+/// the call runs. On the heap, not in the call's frame: a library that
+/// switches stacks by copying them away (greenlet, under gevent) lets
+/// another call write over a suspended call's frame.
 struct Node {
+    /// Compared by address only, never read.
     key: *const Key,
     /// The node linked in before this one, or null.
     outer: Cell<*const Node>,
@@ -30,13 +34,13 @@ std::thread_local! {
 
 /// Runs `f` as code of the adaptor whose key is `key`; `None`, without
 /// running it, if code of that adaptor runs on this thread already: the
-/// caller is inside it.
+/// caller is inside it, or another call on this thread that switched
+/// stacks (a coroutine's) left it suspended inside it.
 pub(crate) fn run<T>(key: &Key, f: impl FnOnce() -> T) -> Option<T> {
     if linked(key) {
         return None;
     }
-    let node = Node { key, outer: Cell::new(ptr::null()) };
-    let _unlink = link(&node);
+    let _unlink = link(key);
     Some(f())
 }
 
@@ -44,19 +48,15 @@ pub(crate) fn run<T>(key: &Key, f: impl FnOnce() -> T) -> Option<T> {
 fn linked(key: &Key) -> bool {
     let mut at = INNERMOST.with(Cell::get);
     while !at.is_null() {
-        // SAFETY: `at` is read from the list, which holds only live nodes.
-        // `link` (private) is called by `run` alone, on a local declared
-        // before the `Unlink` it returns, so the node is dropped after the
-        // `Unlink`, whose drop, on return or unwind, takes exactly this
-        // node out, whichever nodes were linked in and out meanwhile:
-        // calls need not end in the order they began (a callback may
-        // switch stacks). A stack switched away from and never resumed
-        // is never freed either unless unwound, which drops the `Unlink`.
-        // The list is this thread's own: a call ends on the thread it
-        // began on, since a stack moved to another thread would break
-        // `LocalKey::with` in safe code as well (a reference to a
-        // thread-local held across the move), and `Node` is neither
-        // `Send` nor `Sync`.
+        // SAFETY: the list holds only live nodes: each is a `Box` that
+        // `link` put in, owned by the `Unlink` it returned, whose drop
+        // takes exactly that node out (wherever it is in the list then:
+        // calls need not end in the order they began) before it frees it,
+        // and nothing else frees one. An `Unlink` never dropped leaks its
+        // node, which stays live. The list is this thread's own: the
+        // thread-local is reached from this thread alone, and `Unlink` is
+        // not `Send` (a raw pointer), so it is dropped on the thread that
+        // linked its node.
         let node = unsafe { &*at };
         if ptr::eq(node.key, key) {
             return true;
@@ -66,36 +66,43 @@ fn linked(key: &Key) -> bool {
     false
 }
 
-/// Puts `node` first in this thread's list, until the returned guard is
-/// dropped.
-fn link(node: &Node) -> Unlink<'_> {
-    node.outer.set(INNERMOST.with(Cell::get));
+/// Puts a node of `key` first in this thread's list, until the returned
+/// guard is dropped.
+fn link(key: &Key) -> Unlink {
+    let node = Box::into_raw(Box::new(Node { key, outer: Cell::new(INNERMOST.with(Cell::get)) }));
     INNERMOST.with(|i| i.set(node));
     Unlink(node)
 }
 
-/// Takes its node out of this thread's list: by identity, wherever it is
-/// in the list now.
-struct Unlink<'a>(&'a Node);
+/// Owns a node of this thread's list: its drop takes the node out by
+/// identity, wherever it is in the list now, and frees it.
+struct Unlink(*mut Node);
 
-impl Drop for Unlink<'_> {
+impl Drop for Unlink {
     fn drop(&mut self) {
         let this: *const Node = self.0;
-        let outer = self.0.outer.get();
+        // SAFETY: `self.0` came from `Box::into_raw` in `link` and is freed
+        // only below, so it is live.
+        let outer = unsafe { &*this }.outer.get();
         if INNERMOST.with(Cell::get) == this {
             INNERMOST.with(|i| i.set(outer));
-            return;
-        }
-        let mut at = INNERMOST.with(Cell::get);
-        while !at.is_null() {
-            // SAFETY: as in `linked`: every node in the list is live.
-            let node = unsafe { &*at };
-            if node.outer.get() == this {
-                node.outer.set(outer);
-                return;
+        } else {
+            let mut at = INNERMOST.with(Cell::get);
+            let mut found = false;
+            while !at.is_null() && !found {
+                // SAFETY: as in `linked`: every node in the list is live.
+                let node = unsafe { &*at };
+                found = node.outer.get() == this;
+                if found {
+                    node.outer.set(outer);
+                }
+                at = node.outer.get();
             }
-            at = node.outer.get();
+            debug_assert!(found, "a node that is not in its thread's list");
         }
+        // SAFETY: made by `Box::into_raw` in `link`, freed only here, once,
+        // and out of the list now: nothing reaches it any more.
+        drop(unsafe { Box::from_raw(self.0) });
     }
 }
 
@@ -124,34 +131,26 @@ mod tests {
     }
 
     /// Calls that end out of the order they began (a callback that
-    /// switches stacks, as a coroutine library's safe `resume` does) take
-    /// their own node out, and no other: the list never holds a node that
-    /// is gone. Before, a call put back the list as it was when it began,
-    /// and the next call read a node freed meanwhile (Miri: a use after
-    /// free).
+    /// switches stacks, as a coroutine library's safe `resume` or a
+    /// greenlet's switch does) take their own node out, and no other: the
+    /// list never holds a node that is gone. Before, a call put back the
+    /// list as it was when it began, so it dropped the nodes of calls still
+    /// in progress and kept ones whose calls had ended, freed with their
+    /// frames.
     #[test]
     fn calls_that_end_out_of_order_take_out_their_own_node() {
-        use super::{link, linked, Node};
+        use super::{link, linked};
         let (a, b, c) = (Key::default(), Key::default(), Key::default());
-        let nb = Node { key: &b, outer: Default::default() };
-        let ub = {
-            let na = Node { key: &a, outer: Default::default() };
-            let ua = link(&na);
-            let ub = link(&nb);
-            // `a`'s call ends first, under `b`'s, and its node is freed.
-            drop(ua);
-            assert!(!linked(&a) && linked(&b));
-            ub
-        };
-        assert!(!linked(&c) && linked(&b), "the list is walked past where `a` was");
-        assert!(run(&c, || (linked(&b), run(&b, || ()).is_none())) == Some((true, true)));
+        let ua = link(&a);
+        let ub = link(&b);
+        // `a`'s call ends first, under `b`'s.
+        drop(ua);
+        assert!(!linked(&a) && linked(&b));
+        assert_eq!(run(&c, || (linked(&b), run(&b, || ()).is_none())), Some((true, true)));
         drop(ub);
         assert!(!linked(&b) && run(&b, || ()).is_some());
         // The middle one of three.
-        let (na, nb, nc) = [&a, &b, &c].map(|k| Node { key: k, outer: Default::default() }).into();
-        let ua = link(&na);
-        let ub = link(&nb);
-        let uc = link(&nc);
+        let (ua, ub, uc) = (link(&a), link(&b), link(&c));
         drop(ub);
         assert!(linked(&a) && !linked(&b) && linked(&c));
         drop(ua);
