@@ -79,7 +79,9 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     Without CUDA the device is host memory. As RMM's, the pool sizes are
     ignored without ``pool_allocator``, ``devices=None`` is device 0, and
     every other device's resource is forgotten (its default is made on
-    next use).
+    next use). A call refused for want of memory lets every device's
+    resource go and tries again, as RMM's clears them before it makes the
+    new ones: a pool of the same size as the one it replaces fits.
     The hooks of ``register_reinitialize_hook`` run first, once the
     arguments are checked: a call refused for them runs none."""
     devices = _checked(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, stack)
@@ -87,8 +89,22 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     # unregisters another neither skips one nor runs one twice.
     for func, args, kwargs in reversed(list(_reinitialize_hooks)):
         func(*args, **kwargs)
-    made = _resources(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size,
-                      devices, logging, log_file_name, stack)
+    keywords = (pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, logging,
+                log_file_name, stack)
+    try:
+        made = _resources(*keywords)
+    except OutOfMemory:
+        # The resources being replaced may hold what the new ones need
+        # (a pool's initial size, twice): as RMM's, which clears every
+        # device's resource before it makes the new ones, they go first,
+        # their memory with them unless something else holds them, and the
+        # new ones are made again. A failure now leaves every device its
+        # default, as RMM's.
+        with mr._REGISTRY:
+            forgotten = mr._forget_all()
+        # Dropped once the registry is let go, as below.
+        del forgotten
+        made = _resources(*keywords)
     # Only once every device's resource could be made: a failure changes
     # nothing. One step for other threads.
     with mr._REGISTRY:

@@ -1767,6 +1767,33 @@ def test_enable_and_disable_logging_are_one_step_for_other_threads(tmp_path, mon
     assert free == [False, False]
 
 
+@pytest.mark.skipif(memres.cuda_available(), reason="the driver reserves more address space than the limit")
+def test_reinitialize_out_of_memory_lets_the_old_resources_go_first_as_rmms():
+    # RMM's clears every device's resource before it makes the new ones, so
+    # a pool may replace one of its own size where there is room for one;
+    # memres's makes the new ones first (a failure changes nothing), and
+    # only for want of memory lets the old ones go and tries again.
+    code = textwrap.dedent("""
+        import resource, memres
+        def vm():
+            for line in open("/proc/self/status"):
+                if line.startswith("VmSize:"):
+                    return int(line.split()[1]) * 1024
+        memres.reinitialize(pool_allocator=True, initial_pool_size=512 << 20)
+        resource.setrlimit(resource.RLIMIT_AS, (vm() + (256 << 20),) * 2)
+        memres.reinitialize(pool_allocator=True, initial_pool_size=512 << 20)
+        print(memres.mr.get_current_device_resource().pool_size())
+        try:
+            memres.reinitialize(pool_allocator=True, initial_pool_size=1 << 30)
+        except memres.OutOfMemory:
+            print(type(memres.mr.get_current_device_resource()).__name__)
+    """)
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    # No room for the larger pool even alone: the device is left its default.
+    assert run.stdout.split() == [str(512 << 20), "HostMemoryResource"], run.stdout
+
+
 def test_reinitialize_runs_the_hooks_last_registered_first():
     ran = []
     first = memres.register_reinitialize_hook(ran.append, "first")
