@@ -75,9 +75,8 @@ impl From<GilFree> for PyErr {
 
 /// `e`, met while doing `what`, as the Python exception of its kind.
 pub(crate) fn to_py(e: Error, what: &str) -> PyErr {
-    // The call's own failure callback raised: that is what it raises, as in RMM.
     if let Some(raised) = crate::callback::take_failure_raised() {
-        return raised;
+        return failure_raised(raised, what);
     }
     let message = format!("memres: {what}: {e}");
     match e {
@@ -170,6 +169,30 @@ pub(crate) fn panic_message(payload: Box<dyn std::any::Any + Send>) -> Option<St
         std::mem::forget(payload);
         None
     }
+}
+
+/// What a call whose failure callback raised `raised` raises, as RMM's
+/// (which turns the exception into a C++ one and back): a `MemoryError`
+/// stays one; any other `Exception` is a `MemresError` (a `RuntimeError`)
+/// that says it and has it as its `__cause__`. One that is no `Exception`
+/// (Ctrl-C's `KeyboardInterrupt`, `sys.exit()`'s `SystemExit`) is raised as
+/// it is, where RMM's makes a `RuntimeError` of it too: no `except
+/// RuntimeError` around the call swallows a request to stop.
+fn failure_raised(raised: PyErr, what: &str) -> PyErr {
+    Python::attach(|py| {
+        if raised.is_instance_of::<pyo3::exceptions::PyMemoryError>(py)
+            || !raised.is_instance_of::<PyException>(py)
+        {
+            return raised;
+        }
+        let e = python_error(
+            "MemresError",
+            format!("memres: {what}: the failure callback raised ({})", said(py, &raised)),
+            vec![],
+        );
+        e.set_cause(py, Some(raised));
+        e
+    })
 }
 
 /// The error `make` makes of `message`, with the exception a Python

@@ -413,12 +413,21 @@ def test_failure_callback_is_asked_and_retries():
         mr.FailureCallbackResourceAdaptor(lim, 42)
 
 
-@pytest.mark.parametrize("error", [RuntimeError, KeyboardInterrupt])
-def test_what_a_failure_callback_raises_is_what_the_allocation_raises(error):
+@pytest.mark.parametrize("error,raised", [
+    (RuntimeError, RuntimeError),
+    (ValueError, RuntimeError),
+    (KeyError, RuntimeError),
+    (MemoryError, MemoryError),
+    (KeyboardInterrupt, KeyboardInterrupt),
+])
+def test_what_a_failure_callback_raises_is_what_the_allocation_raises(error, raised):
     # RMM's rule (its test_failure_callback_resource_adaptor_error): the
     # exception ends the call, however the stack above would recover (a
     # pool over the adaptor tries a smaller growth after a failed one), and
-    # no other failure callback is asked; Ctrl-C is never a MemoryError.
+    # no other failure callback is asked. As RMM's, which turns it into a
+    # C++ exception and back, a MemoryError stays one and any other
+    # Exception is a RuntimeError saying it (a MemresError, caused by it);
+    # Ctrl-C, which RMM's makes a RuntimeError too, is raised as it is.
     asked, outer_asked = [], []
 
     def on_failure(nbytes):
@@ -430,8 +439,13 @@ def test_what_a_failure_callback_raises_is_what_the_allocation_raises(error):
     pool = mr.PoolMemoryResource(inner)
     outer = mr.StatisticsResourceAdaptor(
         mr.FailureCallbackResourceAdaptor(pool, lambda n: outer_asked.append(n) or False))
-    with pytest.raises(error, match="from the callback"):
+    with pytest.raises(raised, match="from the callback") as e:
         outer.allocate(4096)
+    if error in (MemoryError, KeyboardInterrupt):
+        assert type(e.value) is error
+    else:
+        assert isinstance(e.value, memres.MemresError) and type(e.value.__cause__) is error
+        assert "the failure callback raised" in str(e.value)
     assert len(asked) == 1 and outer_asked == []
     assert outer.allocation_counts.current_bytes == 0 and pool.pool_size() == 0
     # The next call is its own: without a failure the pool serves it, and
