@@ -81,7 +81,8 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     every other device's resource is forgotten (its default is made on
     next use). A call refused for want of memory lets every device's
     resource go and tries again, as RMM's clears them before it makes the
-    new ones: a pool of the same size as the one it replaces fits.
+    new ones: a pool of the same size as the one it replaces fits. So does
+    a call that logs to a file that a resource it replaces logs to.
     The hooks of ``register_reinitialize_hook`` run first, once the
     arguments are checked: a call refused for them runs none."""
     devices = _checked(pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, stack)
@@ -91,6 +92,14 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
         func(*args, **kwargs)
     keywords = (pool_allocator, managed_memory, initial_pool_size, maximum_pool_size, devices, logging,
                 log_file_name, stack)
+    if logging:
+        # Two logs of one process never write one file: a resource being
+        # replaced whose log writes a file a new one is to write goes first,
+        # as RMM's clears every device's resource before it makes the new
+        # ones (which then both write the file).
+        files = {mr._log_file(log_file_name, device) for device in devices}
+        if files.intersection(mr.get_log_filenames().values()):
+            _let_every_resource_go()
     try:
         made = _resources(*keywords)
     except OutOfMemory:
@@ -100,10 +109,7 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
         # their memory with them unless something else holds them, and the
         # new ones are made again. A failure now leaves every device its
         # default, as RMM's.
-        with mr._REGISTRY:
-            forgotten = mr._forget_all()
-        # Dropped once the registry is let go, as below.
-        del forgotten
+        _let_every_resource_go()
         made = _resources(*keywords)
     # Only once every device's resource could be made: a failure changes
     # nothing. One step for other threads.
@@ -116,6 +122,16 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     # CallbackMemoryResource waits for that resource's lock, whose holder
     # may be in a callback that waits for the registry (the two hung).
     del replaced
+
+
+def _let_every_resource_go():
+    """Forgets every device's resource, as RMM's ``reinitialize`` does
+    first: each goes, its memory and its log's file with it, unless
+    something else holds it."""
+    with mr._REGISTRY:
+        forgotten = mr._forget_all()
+    # Dropped once the registry is let go, as in ``reinitialize``.
+    del forgotten
 
 
 def _device_list(devices):

@@ -806,6 +806,23 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
         log(level_enum.debug, "Outstanding allocations: %s", self.get_outstanding_allocations_str())
 
 
+def _log_file(log_file_name, device):
+    """The absolute path that a ``LoggingResourceAdaptor`` of
+    ``log_file_name`` writes for ``device`` (None: a resource of no
+    device)."""
+    # As RMM's: the environment names the file only where no name is
+    # given (an empty one, or one that is no path, is an error).
+    if log_file_name is None:
+        name = os.environ.get("MEMRES_LOG_FILE")
+    else:
+        name = _path(log_file_name, "log_file_name")
+    if not name:
+        raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
+    if device is not None:
+        name = _native.sim.log_file_of_device(name, device) or name
+    return os.path.abspath(name)
+
+
 class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     """Logs every call in RMM's CSV format to ``log_file_name`` (a str,
     bytes or ``os.PathLike`` path; else ``$MEMRES_LOG_FILE``) with the device's number before the extension, as
@@ -814,17 +831,8 @@ class LoggingResourceAdaptor(UpstreamResourceAdaptor):
     it absolute, as RMM's."""
 
     def __init__(self, upstream_mr, log_file_name=None):
-        # As RMM's: the environment names the file only where no name is
-        # given (an empty one, or one that is no path, is an error).
-        if log_file_name is None:
-            name = os.environ.get("MEMRES_LOG_FILE")
-        else:
-            name = _path(log_file_name, "log_file_name")
-        if not name:
-            raise ValueError("memres: LoggingResourceAdaptor needs log_file_name or MEMRES_LOG_FILE")
-        if isinstance(upstream_mr, DeviceMemoryResource):
-            name = _native.sim.log_file_of_device(name, upstream_mr.device_id) or name
-        self._build("log", [], [upstream_mr], file=_word(os.path.abspath(name), "log_file_name"))
+        device = upstream_mr.device_id if isinstance(upstream_mr, DeviceMemoryResource) else None
+        self._build("log", [], [upstream_mr], file=_word(_log_file(log_file_name, device), "log_file_name"))
 
     def get_file_name(self):
         return self._native.log_file

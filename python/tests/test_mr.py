@@ -1623,6 +1623,27 @@ def test_reinitialize_with_logging(tmp_path):
     assert os.path.getsize(tmp_path / "rmm_log.dev0.csv") > 0  # as RMM's test reads it
 
 
+def test_reinitialize_again_with_logging_to_the_same_file_replaces_the_log(tmp_path):
+    # RMM's clears every device's resource first, so a second call that
+    # logs to the same file works; memres's lets the resource whose log
+    # writes the file go first (two logs of one process never write one).
+    path = tmp_path / "x.csv"
+    memres.reinitialize(pool_allocator=True, logging=True, log_file_name=str(path))
+    first = mr.get_current_device_resource()
+    first.deallocate(first.allocate(100), 100)
+    first.flush()
+    del first
+    memres.reinitialize(logging=True, log_file_name=str(path))
+    second = mr.get_current_device_resource()
+    assert isinstance(second, mr.LoggingResourceAdaptor)
+    assert not isinstance(second.get_upstream(), mr.PoolMemoryResource)
+    second.deallocate(second.allocate(300), 300)
+    second.flush()
+    rows = (tmp_path / "x.dev0.csv").read_text().splitlines()
+    # Made anew by the second log, as RMM's: its header and its own rows.
+    assert rows[0].startswith("Thread,Time") and [r.split(",")[4] for r in rows[1:]] == ["300", "300"], rows
+
+
 @pytest.mark.parametrize("from_env", [False, True])
 def test_reinitialize_logs_each_device_to_its_own_file_named_as_rmm(tmp_path, monkeypatch, from_env):
     path = tmp_path / "x.csv"
