@@ -384,13 +384,20 @@ impl MemoryResource<Stream> for Guarded {
 /// [`Error::Reentrant`], as through [`Guarded`].
 pub(crate) struct CFrees(pub(crate) Arc<Guarded>);
 
+/// The streams that calls in progress on a thread vouch for
+/// ([`vouched_for`]).
+#[derive(Default)]
+struct Vouches {
+    /// The number of the next vouch.
+    next: u64,
+    /// Each vouch's number and its stream's handle: taken out by number,
+    /// so that calls that end out of order (greenlets switched inside a
+    /// callback) take out their own.
+    held: Vec<(u64, u64)>,
+}
+
 thread_local! {
-    /// The handles of the streams that calls in progress on this thread
-    /// vouch for (`memres_py_free`'s, whose caller keeps its stream valid
-    /// until a free deferred on it is applied), each with its number:
-    /// taken out by number, so that calls that end out of order (greenlets
-    /// switched inside a callback) take out their own.
-    static VOUCHED_FOR: RefCell<Vec<(u64, u64)>> = const { RefCell::new(Vec::new()) };
+    static VOUCHED_FOR: RefCell<Vouches> = RefCell::default();
 }
 
 /// Runs `f`, the free of `memres_py_free`, with `stream` vouched for: a
@@ -404,20 +411,30 @@ pub(crate) unsafe fn vouched_for<T>(stream: &Stream, f: impl FnOnce() -> T) -> T
     struct Unvouch(u64);
     impl Drop for Unvouch {
         fn drop(&mut self) {
-            let _ = VOUCHED_FOR.try_with(|v| v.borrow_mut().retain(|&(n, _)| n != self.0));
+            let _ = VOUCHED_FOR.try_with(|v| v.borrow_mut().held.retain(|&(n, _)| n != self.0));
         }
     }
-    static NEXT: AtomicU64 = AtomicU64::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    // No free is deferred before a stack was given Python functions
+    // (`meets_a_call`): PyTorch's frees stay as cheap as they were.
+    if !crate::callback::python_under_stacks() {
+        return f();
+    }
     let handle = backend::handle_of(stream);
-    let _unvouch = VOUCHED_FOR.try_with(|v| v.borrow_mut().push((n, handle))).ok().map(|()| Unvouch(n));
+    let vouch = VOUCHED_FOR.try_with(|v| {
+        let mut v = v.borrow_mut();
+        let n = v.next;
+        v.next += 1;
+        v.held.push((n, handle));
+        n
+    });
+    let _unvouch = vouch.ok().map(Unvouch);
     f()
 }
 
 /// Whether a call in progress on this thread vouches for the stream of
 /// `handle` ([`vouched_for`]).
 fn vouched(handle: u64) -> bool {
-    VOUCHED_FOR.try_with(|v| v.borrow().iter().any(|&(_, h)| h == handle)).unwrap_or(false)
+    VOUCHED_FOR.try_with(|v| v.borrow().held.iter().any(|&(_, h)| h == handle)).unwrap_or(false)
 }
 
 impl MemoryResource<Stream> for CFrees {
