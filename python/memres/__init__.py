@@ -103,6 +103,9 @@ def reinitialize(pool_allocator=False, managed_memory=False, initial_pool_size=N
     try:
         made = _resources(*keywords)
     except OutOfMemory:
+        # Out of the handler: its traceback holds what the attempt made.
+        made = None
+    if made is None:
         # The resources being replaced may hold what the new ones need
         # (a pool's initial size, twice): as RMM's, which clears every
         # device's resource before it makes the new ones, they go first,
