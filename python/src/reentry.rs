@@ -105,25 +105,24 @@ enum Call {
 
 /// A call in progress on this thread.
 struct Frame {
+    /// Its number, by which its end takes it out.
+    id: u64,
     covers: Covers,
-    /// The objects whose callbacks run inside the call now, innermost
-    /// last: what lies under all of them is out of the call meanwhile.
-    callbacks: Vec<Covers>,
+    /// The objects whose callbacks run inside the call now, each with the
+    /// number by which its end takes it out: what lies under all of them
+    /// is out of the call meanwhile.
+    callbacks: Vec<(u64, Covers)>,
 }
 
 impl Frame {
-    fn new(covers: Covers) -> Frame {
-        Frame { covers, callbacks: Vec::new() }
-    }
-
     /// Whether a call into `other` would enter this call's stack where it
     /// may hold a lock (or, for an allocation, run a callback running now).
     fn meets(&self, other: &Covers, call: Call) -> bool {
         let out = |id: u64| {
             !self.callbacks.is_empty()
                 && match call {
-                    Call::Allocate => self.callbacks.iter().all(|c| c.under(id)),
-                    Call::Free => other.passes_on(id) || self.callbacks.iter().all(|c| c.contains(id)),
+                    Call::Allocate => self.callbacks.iter().all(|(_, c)| c.under(id)),
+                    Call::Free => other.passes_on(id) || self.callbacks.iter().all(|(_, c)| c.contains(id)),
                 }
         };
         other.all.iter().any(|&id| self.covers.contains(id) && !out(id))
@@ -135,28 +134,47 @@ impl Frame {
 /// [`Guarded`]).
 type Deferred = (Option<Covers>, Box<dyn FnOnce() + Send>);
 
+/// Calls and callbacks end in the order they began, but for greenlets:
+/// one switched to inside a callback may begin a call and switch back
+/// before it ends. So each call and each callback is taken out by its own
+/// number, and the call whose code runs is saved around each callback.
 #[derive(Default)]
 struct State {
-    /// The calls in progress on this thread, innermost last.
+    /// The calls in progress on this thread, in the order they began.
     active: Vec<Frame>,
+    /// The number of the next call or callback.
+    next: u64,
+    /// The call whose code runs now, in `active` (`None`: none); the
+    /// callbacks that run now are its.
+    current: Option<u64>,
     deferred: VecDeque<Deferred>,
+}
+
+impl State {
+    fn number(&mut self) -> u64 {
+        self.next += 1;
+        self.next
+    }
+
+    /// Begins a call into the stack of `covers`: its number, and the call
+    /// whose code ran before it.
+    fn begin(&mut self, covers: Covers) -> (u64, Option<u64>) {
+        let id = self.number();
+        self.active.push(Frame { id, covers, callbacks: Vec::new() });
+        (id, self.current.replace(id))
+    }
+
+    /// Ends the call `id` that began after `before`'s code ran; whether no
+    /// call is in progress now.
+    fn end(&mut self, id: u64, before: Option<u64>) -> bool {
+        self.active.retain(|f| f.id != id);
+        self.current = before.filter(|b| self.active.iter().any(|f| f.id == *b));
+        self.active.is_empty()
+    }
 }
 
 thread_local! {
     static STATE: RefCell<State> = RefCell::default();
-}
-
-fn push(covers: Covers) {
-    STATE.with(|s| s.borrow_mut().active.push(Frame::new(covers)));
-}
-
-/// Ends the innermost call; whether it was the outermost.
-fn pop() -> bool {
-    STATE.with(|s| {
-        let mut s = s.borrow_mut();
-        s.active.pop();
-        s.active.is_empty()
-    })
 }
 
 /// Runs `f` on the thread's state; `None` once the thread's locals are
@@ -171,8 +189,9 @@ fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> Option<T> {
 /// the thread it began on). When the outermost one ends, the work deferred
 /// meanwhile runs.
 pub(crate) struct Entered {
-    /// Whether the call was noted (see [`enter`]).
-    noted: bool,
+    /// The call's number and the call before it, where it was noted (see
+    /// [`enter`]).
+    noted: Option<(u64, Option<u64>)>,
     on_this_thread: PhantomData<*const ()>,
 }
 
@@ -205,7 +224,7 @@ fn meets_a_call(covers: &Covers, call: Call) -> bool {
 
 fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
     if !crate::callback::python_under_stacks() {
-        return Ok(Entered { noted: false, on_this_thread: PhantomData });
+        return Ok(Entered { noted: None, on_this_thread: PhantomData });
     }
     if meets_a_call(covers, call) {
         return Err(Error::Reentrant);
@@ -217,10 +236,9 @@ fn enter_for(covers: &Covers, call: Call) -> Result<Entered, Error> {
             .active
             .is_empty()
             .then(|| (crate::callback::take_failure_raised(), crate::callback::take_raised()));
-        s.active.push(Frame::new(covers.clone()));
-        stale
+        (stale, s.begin(covers.clone()))
     });
-    let noted = stale.is_some();
+    let noted = stale.as_ref().map(|(_, call)| *call);
     // Dropped once the state is let go: with the GIL held (an exit under
     // way) an exception's drop may run a `__del__` that calls memres
     // again, which takes the state.
@@ -232,7 +250,8 @@ impl Drop for Entered {
     fn drop(&mut self) {
         // While the thread unwinds, the deferred work stays queued for its
         // next call: a panic in it now would abort the process.
-        if self.noted && pop() && !std::thread::panicking() {
+        let ended = self.noted.and_then(|(id, before)| with_state(|s| s.end(id, before)));
+        if ended == Some(true) && !std::thread::panicking() {
             run_deferred();
         }
     }
@@ -242,18 +261,29 @@ impl Drop for Entered {
 /// `CallbackMemoryResource` functions, its failure callback), with what
 /// lies under that object out of the call in progress meanwhile.
 pub(crate) fn in_callback<T>(covers: &Covers, f: impl FnOnce() -> T) -> T {
-    struct Leave;
+    /// The callback's call and its own number.
+    struct Leave(u64, u64);
     impl Drop for Leave {
         fn drop(&mut self) {
-            with_state(|s| s.active.last_mut().map(|f| f.callbacks.pop()));
+            let Leave(call, callback) = *self;
+            with_state(|s| {
+                // The callback's call runs again, whatever ran meanwhile.
+                s.current = Some(call);
+                if let Some(frame) = s.active.iter_mut().find(|f| f.id == call) {
+                    frame.callbacks.retain(|(n, _)| *n != callback);
+                }
+            });
         }
     }
-    // The innermost call is the one that reached the callback; with none
-    // (a stack dropped, freeing into this one) nothing is in progress.
-    let entered =
-        with_state(|s| s.active.last_mut().map(|frame| frame.callbacks.push(covers.clone())).is_some())
-            .unwrap_or(false);
-    let _leave = entered.then_some(Leave);
+    // The call whose code runs is the one that reached the callback; with
+    // none (a stack dropped, freeing into this one) nothing is in progress.
+    let _leave = with_state(|s| {
+        let n = s.number();
+        let call = s.current?;
+        s.active.iter_mut().find(|f| f.id == call)?.callbacks.push((n, covers.clone()));
+        Some(Leave(call, n))
+    })
+    .flatten();
     f()
 }
 
@@ -274,15 +304,15 @@ fn defer(covers: Option<&Covers>, work: impl FnOnce() + Send + 'static) {
 /// what it defers in turn (a free from its own callback) waits for this
 /// loop rather than running inside it.
 fn run_deferred() {
-    struct Pop;
-    impl Drop for Pop {
+    struct End(u64, Option<u64>);
+    impl Drop for End {
         fn drop(&mut self) {
-            pop();
+            with_state(|s| s.end(self.0, self.1));
         }
     }
-    while let Some((covers, work)) = STATE.with(|s| s.borrow_mut().deferred.pop_front()) {
-        push(covers.unwrap_or_else(Covers::nothing));
-        let _pop = Pop;
+    while let Some((covers, work)) = with_state(|s| s.deferred.pop_front()).flatten() {
+        let call = with_state(|s| s.begin(covers.unwrap_or_else(Covers::nothing)));
+        let _end = call.map(|(id, before)| End(id, before));
         work();
     }
 }
@@ -569,5 +599,26 @@ mod tests {
         // Outside any call, a free goes through at once.
         assert_eq!(c.deallocate(block, &stream), Ok(()));
         assert_eq!(frees.0.lock().unwrap().len(), 2);
+    }
+
+    /// A greenlet switched to inside a callback begins a call, and
+    /// switches back before it ends: the first call ends first. Each end
+    /// takes out its own call and callback. Before, the innermost was
+    /// taken out: the call that ended stayed in progress (and refused
+    /// every call into its stack), the one in progress was forgotten.
+    #[test]
+    fn calls_that_end_out_of_order_take_out_their_own() {
+        crate::callback::note_python_under_stacks();
+        let (a, b) = (Covers::new([], false), Covers::new([], false));
+        let call_a = enter(&a).unwrap();
+        let mut call_b = None;
+        in_callback(&a, || call_b = Some(enter(&b).unwrap()));
+        assert!(!in_a_callback(), "a's callback returned");
+        drop(call_a);
+        assert!(enter(&a).is_ok(), "a's call ended");
+        assert!(matches!(enter(&b), Err(Error::Reentrant)), "b's is in progress");
+        drop(call_b);
+        assert!(enter(&b).is_ok(), "b's call ended");
+        assert!(with_state(|s| s.active.is_empty() && s.current.is_none()).unwrap());
     }
 }

@@ -538,3 +538,48 @@ def test_a_refused_free_whose_exception_runs_a_finalizer_freeing_into_the_resour
         assert r._native.live_count() == 0, "the finalizer's free went through"
         print("done")
     """)
+
+
+def test_greenlets_switched_inside_callbacks_end_their_calls_in_any_order():
+    # As gevent does: a callback switches to a greenlet that begins a call
+    # into another stack and switches back from that call's callback, so
+    # the first call ends while the second is in progress. Before, the
+    # first call's end took out the second's: the first stayed in progress
+    # and refused every call into its stack, and a call into the pool the
+    # second holds locked spun for ever.
+    pytest.importorskip("greenlet")
+    run_child("""
+        import greenlet, memres
+        from memres import mr
+        main = greenlet.getcurrent()
+        addrs = iter(range(1 << 40, 1 << 41, 1 << 24))
+        first = {"a": True, "b": True}
+        def to_b(n):
+            if first.pop("a", False):
+                g_b.switch()
+            return next(addrs)
+        def to_main(n):
+            if first.pop("b", False):
+                main.switch()
+            return next(addrs)
+        a = mr.CallbackMemoryResource(to_b, lambda p, n: None, backend="sim")
+        b = mr.PoolMemoryResource(mr.CallbackMemoryResource(to_main, lambda p, n: None, backend="sim"))
+        def run_b():
+            # The pool grows: its upstream's callback switches back to main.
+            return b.allocate(1 << 20)
+        g_b = greenlet.greenlet(run_b)
+        a.allocate(256)
+        assert not g_b.dead
+        # a's call ended; b's is in progress, holding the pool's lock.
+        a.allocate(256)
+        try:
+            b.allocate(256)
+        except memres.MemresError as e:
+            assert "re-entrant" in str(e).lower() or "reentrant" in str(e).lower(), e
+        else:
+            raise AssertionError("a call into the pool in progress was let in")
+        b.deallocate(g_b.switch(), 1 << 20)
+        assert g_b.dead
+        b.deallocate(b.allocate(256), 256)
+        print("done")
+    """)
