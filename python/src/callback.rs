@@ -163,11 +163,12 @@ pub(crate) fn drop_saying_what_raised<T>(value: T) {
     drop(value);
     if let Some(raised) = take_raised().filter(|_| !crate::gil::exiting()) {
         crate::gil::with_python(|py| {
-            let e = crate::errors::backend_error(format!(
-                "a free that dropping a resource made failed ({}): the memory was not given back",
-                crate::errors::said(py, &raised)
-            ));
-            e.set_cause(py, Some(raised));
+            let e = crate::errors::with_cause(
+                py,
+                raised,
+                "a free that dropping a resource made failed, and the memory was not given back",
+                crate::errors::backend_error,
+            );
             // What Python's default hook names: "Exception ignored in: ...".
             let context = pyo3::types::PyString::new(py, "memres: the drop of a resource");
             e.write_unraisable(py, Some(context.as_any()));

@@ -185,13 +185,8 @@ fn failure_raised(raised: PyErr, what: &str) -> PyErr {
         {
             return raised;
         }
-        let e = python_error(
-            "MemresError",
-            format!("memres: {what}: the failure callback raised ({})", said(py, &raised)),
-            vec![],
-        );
-        e.set_cause(py, Some(raised));
-        e
+        let message = format!("memres: {what}: the failure callback raised");
+        with_cause(py, raised, &message, |m| python_error("MemresError", m, vec![]))
     })
 }
 
@@ -210,10 +205,21 @@ pub(crate) fn caused(message: String, make: impl FnOnce(String) -> PyErr) -> PyE
         if !cause.is_instance_of::<PyException>(py) && !cause.is_instance_of::<PanicException>(py) {
             return cause;
         }
-        let e = make(format!("{message} ({})", said(py, &cause)));
-        e.set_cause(py, Some(cause));
-        e
+        with_cause(py, cause, &message, make)
     })
+}
+
+/// The error `make` makes of `message` with `cause`'s text at its end, and
+/// `cause` as its `__cause__`.
+pub(crate) fn with_cause(
+    py: Python<'_>,
+    cause: PyErr,
+    message: &str,
+    make: impl FnOnce(String) -> PyErr,
+) -> PyErr {
+    let e = make(format!("{message} ({})", said(py, &cause)));
+    e.set_cause(py, Some(cause));
+    e
 }
 
 /// The text of [`stack_to_py`]'s exception for a stack of no Python

@@ -518,12 +518,7 @@ fn free_later(resource: &DynResource<Stream>, block: Block, stream: &Stream) {
             crate::gil::with_python(|py| {
                 let e = match raised {
                     Some(raised) => {
-                        let e = crate::errors::backend_error(format!(
-                            "{what} ({})",
-                            crate::errors::said(py, &raised)
-                        ));
-                        e.set_cause(py, Some(raised));
-                        e
+                        crate::errors::with_cause(py, raised, &what, crate::errors::backend_error)
                     }
                     None => crate::errors::backend_error(what.clone()),
                 };
