@@ -10,7 +10,7 @@ RMM's names beside memres's.
 from . import _native
 from ._buffer import DeviceBuffer
 from ._device import current_device, device_id as _device_id, set_device
-from ._errors import CudaUnavailable, InvalidArgument, MemresError, OutOfMemory
+from ._errors import CudaUnavailable, InvalidArgument, MemresError, OutOfMemory, RMMError
 from ._stream import (CudaStreamFlags, CudaStreamPool, DEFAULT_STREAM, LEGACY_DEFAULT_STREAM,
                       PER_THREAD_DEFAULT_STREAM, Stream)
 from . import logger, mr, snapshot, statistics
@@ -190,7 +190,7 @@ def _resources(pool_allocator=False, managed_memory=False, initial_pool_size=Non
 __all__ = [
     "DEFAULT_STREAM", "LEGACY_DEFAULT_STREAM", "PER_THREAD_DEFAULT_STREAM", "CudaStreamFlags", "CudaStreamPool",
     "CudaUnavailable", "DeviceBuffer",
-    "InvalidArgument", "MemresError", "OutOfMemory", "Stream",
+    "InvalidArgument", "MemresError", "OutOfMemory", "RMMError", "Stream",
     "cuda_available", "current_device", "disable_logging", "enable_logging", "flush_logger",
     "get_flush_level", "get_logging_level", "level_enum", "logger", "set_flush_level", "set_logging_level",
     "should_log",

@@ -82,6 +82,10 @@ class DeviceBuffer:
             data = bytearray(self.size)
             self._into(memoryview(data))
             return DeviceBuffer.to_device, (pickle.PickleBuffer(data),)
+        return self.__reduce__()
+
+    def __reduce__(self):
+        # RMM's: the bytes, rebuilt by `to_device`.
         return DeviceBuffer.to_device, (self.tobytes(),)
 
     def __bytes__(self):

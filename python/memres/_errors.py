@@ -18,6 +18,15 @@ class CudaUnavailable(MemresError, ImportError):
     """A CUDA resource was asked for where the CUDA side cannot load."""
 
 
+class RMMError(Exception):
+    """RMM's ``rmm.RMMError``, which neither RMM nor memres raises: here so
+    that code that names it (``except rmm.RMMError``) runs unchanged."""
+
+    def __init__(self, errcode, msg):
+        self.errcode = errcode
+        super().__init__(msg)
+
+
 class OutOfMemory(MemoryError):
     """An allocation could not be served. Carries the figures the resource
     reported: ``requested`` (bytes asked for), and where known

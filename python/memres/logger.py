@@ -21,13 +21,16 @@ class level_enum(enum.IntEnum):  # noqa: N801 (RMM's name)
     error = 4
     critical = 5
     off = 6
+    # RMM's count of the levels above; set, as RMM's, it logs nothing.
+    n_levels = 7
 
 
 # Each level as Python's `logging` numbers it (`trace` below DEBUG, `off`
-# above CRITICAL).
+# and `n_levels` above CRITICAL).
 _PYTHON = {level_enum.trace: 5, level_enum.debug: logging.DEBUG, level_enum.info: logging.INFO,
            level_enum.warn: logging.WARNING, level_enum.error: logging.ERROR,
-           level_enum.critical: logging.CRITICAL, level_enum.off: logging.CRITICAL + 10}
+           level_enum.critical: logging.CRITICAL, level_enum.off: logging.CRITICAL + 10,
+           level_enum.n_levels: logging.CRITICAL + 20}
 
 # Records at or above this level are followed by a flush of the handlers.
 _flush_level = level_enum.error
@@ -43,8 +46,12 @@ def _checked(level):
 
 def _of_python(number):
     """The lowest ``level_enum`` whose records a logger at Python level
-    ``number`` logs (``off`` where it logs none of them)."""
-    return min((lvl for lvl, n in _PYTHON.items() if n >= number), default=level_enum.off)
+    ``number`` logs (``off`` where it logs none of them; ``n_levels`` where
+    that was set)."""
+    if number == _PYTHON[level_enum.n_levels]:
+        return level_enum.n_levels
+    return min((lvl for lvl, n in _PYTHON.items() if number <= n <= _PYTHON[level_enum.off]),
+               default=level_enum.off)
 
 
 def set_logging_level(level):

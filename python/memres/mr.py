@@ -609,9 +609,13 @@ class PoolMemoryResource(UpstreamResourceAdaptor):
     ``maximum_pool_size``)."""
 
     def __init__(self, upstream_mr, initial_pool_size=None, maximum_pool_size=None, per_stream=False):
-        self._build("pool", [], [upstream_mr],
-                    initial=None if initial_pool_size is None else _size(initial_pool_size, "initial_pool_size"),
-                    max=None if maximum_pool_size is None else _size(maximum_pool_size, "maximum_pool_size"),
+        initial = None if initial_pool_size is None else _size(initial_pool_size, "initial_pool_size")
+        maximum = None if maximum_pool_size is None else _size(maximum_pool_size, "maximum_pool_size")
+        if initial is not None and maximum is not None and int(initial) > int(maximum):
+            # RMM's words, which its tests match (the pool refuses it too).
+            raise InvalidArgument(f"memres: Initial pool size exceeds the maximum pool size "
+                                  f"({initial_pool_size!r} > {maximum_pool_size!r})")
+        self._build("pool", [], [upstream_mr], initial=initial, max=maximum,
                     per_stream="true" if per_stream else None)
 
     def pool_size(self):
@@ -781,7 +785,9 @@ class TrackingResourceAdaptor(UpstreamResourceAdaptor):
     (native) backtrace of each too."""
 
     def __init__(self, upstream_mr, capture_stacks=False):
-        self._build("track", [], [upstream_mr], backtraces="true" if capture_stacks else None)
+        # Dropped with allocations outstanding, it says nothing, as RMM's.
+        self._build("track", [], [upstream_mr], backtraces="true" if capture_stacks else None,
+                    report_leaks="false")
 
     def get_allocated_bytes(self):
         return self._native.outstanding()[1]
@@ -1070,6 +1076,15 @@ def get_log_filenames():
     not log outermost (a LoggingResourceAdaptor, or a stack string with
     ``log`` outermost)."""
     return {device: res._native.log_file for device, res in _existing_all().items()}
+
+
+def _flush_logs():
+    """Writes out the log of each device's resource that is a
+    ``LoggingResourceAdaptor``, as RMM's private function of that name
+    (which RMM's tests call)."""
+    for res in _existing_all().values():
+        if isinstance(res, LoggingResourceAdaptor):
+            res.flush()
 
 
 def is_initialized():

@@ -214,10 +214,16 @@ def _get_descriptive_name_of_object(obj):
 default_profiler_records = ProfilerRecords()
 
 
-class profiler:
+def profiler(*, records=default_profiler_records, name=""):
+    """A ``ProfilerContext`` that records into ``records`` under ``name``,
+    as RMM's: ``@profiler()``, ``with profiler(name="block"):``."""
+    return ProfilerContext(records, name)
+
+
+class ProfilerContext:
     """Records the statistics of a function (as a decorator; named by
     ``name`` or else by ``_get_descriptive_name_of_object``) or of a block
-    (as a context manager, ``name=`` required), each call in a level of
+    (as a context manager, ``name`` required), each call in a level of
     its own, into ``records``. As RMM's, it records nothing where
     statistics are off when the call begins (``enable_statistics``,
     ``statistics()``). Each call's level is popped from the resource it was
@@ -226,7 +232,7 @@ class profiler:
     current one, it was a level the call did not push, or none
     (``IndexError``)."""
 
-    def __init__(self, *, records=default_profiler_records, name=""):
+    def __init__(self, records, name):
         self.records = records
         self.name = name
         # Per thread, innermost last: the native stack each open call
@@ -238,7 +244,7 @@ class profiler:
 
         @functools.wraps(func)
         def wrapper(*args, **kwargs):
-            with profiler(records=self.records, name=name):
+            with ProfilerContext(self.records, name):
                 return func(*args, **kwargs)
         return wrapper
 

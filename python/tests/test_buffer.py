@@ -292,6 +292,15 @@ def test_a_buffer_pickles_as_its_bytes_rebuilt_on_the_current_resource():
     assert t.get_outstanding_count() == 1
 
 
+def test_reduce_called_directly_gives_rmms_recipe():
+    # RMM's `__reduce__`: `to_device` of the bytes (Python's default one,
+    # which `__reduce_ex__` alone left, made a buffer with nothing in it).
+    buf = memres.DeviceBuffer.to_device(b"reduced", mr=mr.HostMemoryResource())
+    make, args = buf.__reduce__()
+    assert make == memres.DeviceBuffer.to_device and args == (b"reduced",)
+    assert bytes(make(*args).copy_to_host()) == b"reduced"
+
+
 def test_a_buffer_pickles_out_of_band_from_protocol_5_and_converts_to_bytes():
     buf = memres.DeviceBuffer.to_device(b"out of band", mr=mr.HostMemoryResource())
     assert bytes(buf) == b"out of band"

@@ -1068,6 +1068,22 @@ def test_every_algorithm_and_the_tracking_adaptor():
         assert track.get_outstanding_count() == 0
 
 
+def test_a_tracking_adaptor_dropped_with_allocations_outstanding_says_nothing_as_rmms():
+    # The core's tracking layer writes a report to standard error, the
+    # file descriptor itself, where no capture of Python's sees it.
+    out = subprocess.run([sys.executable, "-c", textwrap.dedent("""
+        import gc
+        from memres import mr
+        t = mr.TrackingResourceAdaptor(mr.HostMemoryResource(), capture_stacks=True)
+        t.allocate(1000)
+        del t
+        gc.collect()
+        print("done")
+    """)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "done", out
+    assert out.stderr == "", out.stderr
+
+
 def test_tracking_reports_its_outstanding_allocations_as_rmm(caplog):
     t = mr.TrackingResourceAdaptor(sim_pool())
     a, b = t.allocate(100), t.allocate(3000)
@@ -1567,6 +1583,37 @@ def test_reinitialize_reads_rmms_keywords_as_rmm_does():
     mr._current.clear()
     memres.reinitialize(pool_allocator=True, initial_pool_size=MiB, devices=None)
     assert list(mr._current) == [0] and mr._current[0].pool_size() == MiB
+
+
+def test_an_initial_pool_size_above_the_maximum_is_refused_in_rmms_words():
+    # RMM's test_reinitialize_initial_pool_size_gt_max matches these words.
+    before = mr.get_current_device_resource()
+    with pytest.raises(RuntimeError, match="Initial pool size exceeds the maximum pool size"):
+        memres.reinitialize(pool_allocator=True, initial_pool_size=1 << 11, maximum_pool_size=1 << 10)
+    assert mr.get_current_device_resource() is before
+    with pytest.raises(memres.InvalidArgument, match="Initial pool size exceeds the maximum pool size"):
+        mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size="2 KiB", maximum_pool_size=1024)
+    # Equal sizes are a pool that never grows.
+    assert mr.PoolMemoryResource(mr.HostMemoryResource(), initial_pool_size=1024,
+                                 maximum_pool_size="1 KiB").pool_size() == 1024
+
+
+def test_rmms_error_class_is_there_for_code_that_names_it():
+    # Neither RMM nor memres raises it; `except rmm.RMMError` must run.
+    e = memres.RMMError(3, "said")
+    assert isinstance(e, Exception) and not isinstance(e, memres.MemresError)
+    assert (e.errcode, str(e)) == (3, "said")
+
+
+def test_flush_logs_writes_the_logs_of_the_devices_resources_as_rmms(tmp_path):
+    # RMM's private `_flush_logs`, which its logging tests call.
+    path = tmp_path / "rmm_log.csv"
+    memres.reinitialize(logging=True, log_file_name=str(path))
+    res = mr.get_current_device_resource()
+    res.deallocate(res.allocate(100), 100)
+    mr._flush_logs()
+    rows = (tmp_path / "rmm_log.dev0.csv").read_text().splitlines()
+    assert [r.split(",")[4] for r in rows[1:]] == ["100", "100"], rows
 
 
 def test_reinitialize_with_rmm_keywords_and_with_a_stack():

@@ -152,6 +152,18 @@ def test_the_profiler_records_only_while_statistics_are_on_as_rmms(pool):
     assert records.records["<unknown>:0(len)"] == statistics.ProfilerRecords.MemoryRecord(1, 0, 0)
 
 
+def test_profiler_is_a_function_that_makes_a_profiler_context_as_rmms(pool):
+    records = statistics.ProfilerRecords()
+    context = statistics.profiler(records=records, name="block")
+    assert isinstance(context, statistics.ProfilerContext)
+    statistics.enable_statistics()
+    with statistics.ProfilerContext(records, "block"):
+        memres.DeviceBuffer(size=32)
+    assert records.records["block"].memory_total == 32
+    with pytest.raises(TypeError):
+        statistics.profiler(records, "block")  # keywords only, as RMM's
+
+
 def test_profiler_report(pool):
     statistics.enable_statistics()
     records = statistics.ProfilerRecords()

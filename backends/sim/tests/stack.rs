@@ -127,6 +127,16 @@ fn errors_name_the_position() {
             22,
             StackErrorKind::BadValue("backtraces `maybe`: true or false".into()),
         ),
+        (
+            "track(sim, report_leaks=)",
+            24,
+            StackErrorKind::Expected("a value after `=`"),
+        ),
+        (
+            "track(sim, report_leaks=no)",
+            24,
+            StackErrorKind::BadValue("report_leaks `no`: true or false".into()),
+        ),
         ("pool(sim, initial= , max=1G)", 19, StackErrorKind::Expected("a value after `=`")),
         (
             "pool(sim, growth=4294967296)",
@@ -653,4 +663,35 @@ fn per_stream_pools_take_the_pool_options_and_refuse_a_maximum() {
     );
     // The limit goes on the upstream.
     assert!(build("pool(limit(sim, 1GiB), per_stream=true)").is_ok());
+}
+
+/// `track(..., report_leaks=false)` dropped with a block outstanding says
+/// nothing, as RMM's tracking adaptor; by default the report goes to
+/// standard error. The drops run in a child (this binary again, the test
+/// alone), whose standard error is read.
+#[test]
+fn a_tracking_layer_reports_leaks_unless_told_not_to() {
+    const CHILD: &str = "MEMRES_SIM_LEAK_REPORT_CHILD";
+    const NAME: &str = "a_tracking_layer_reports_leaks_unless_told_not_to";
+    if std::env::var_os(CHILD).is_some() {
+        for text in ["track(sim, report_leaks=false)", "track(sim)"] {
+            let r = build(text).unwrap();
+            let _leaked = r.allocate(req(256), &()).unwrap();
+            drop(r);
+            eprintln!("<{text} dropped>");
+        }
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let (quiet, rest) = stderr.split_once("<track(sim, report_leaks=false) dropped>").expect(&stderr);
+    let (default, _) = rest.split_once("<track(sim) dropped>").expect(&stderr);
+    let report = "memres: tracking adaptor dropped with 1 outstanding allocation(s), 256 bytes";
+    assert!(!quiet.contains("tracking adaptor"), "{stderr}");
+    assert!(default.contains(report), "{stderr}");
 }

@@ -56,7 +56,7 @@
 //! | `binning` | `upstream, bin(SIZE), bin(SIZE, RESOURCE)..., min_bin=, max_bin=, powers=` (a bin of each power of two from `min_bin=` to `max_bin=`, default 256 KiB and 4 MiB, none when bins are given without these keys or with `powers=false`; each `bin(...)` adds one, a fixed-size bin over the upstream or one served by `RESOURCE`, and replaces the power of two of its size) | [`BinningResource`](crate::binning::BinningResource), with [`add_fixed_bin`](crate::binning::BinningResource::add_fixed_bin) and [`add_counted_bin`](crate::binning::BinningResource::add_counted_bin) |
 //! | `arena` | `upstream, initial=, max=, superblock=, max_arenas=` (a superblock above 32 MiB makes the global arena's chunks, its smallest growth, that size; `max_arenas=`: slots of the table of arenas, 1 to 255, default 64) | [`ArenaResource`](crate::arena::ArenaResource) |
 //! | `stats` | `upstream` | [`Statistics`](crate::adaptor::Statistics) |
-//! | `track` | `upstream, backtraces=true\|false` (a backtrace of each allocation, feature `std`; default false) | [`Tracking`](crate::adaptor::Tracking) |
+//! | `track` | `upstream, backtraces=true\|false` (a backtrace of each allocation, feature `std`; default false), `report_leaks=true\|false` (whether a drop with allocations outstanding writes them to standard error; default true, `false` as RMM's) | [`Tracking`](crate::adaptor::Tracking) |
 //! | `limit` | `upstream, bytes` (or `bytes=`) | [`Limiting`](crate::adaptor::Limiting) |
 //! | `planned` | `upstream` | [`Planned`](crate::planned::Planned): each step laid out from the step before it (steps are marked through [`Built::get`] and [`Planned::step`](crate::planned::Planned::step)) |
 //! | `align` | `upstream, alignment=, threshold=` | [`Aligned`](crate::adaptor::Aligned) |
@@ -93,7 +93,7 @@
 //!
 //! The others belong to one name: `growth=`, `release=`, `large=`
 //! (`pool`), `blocks=` (`fixed`: blocks per chunk), `superblock=`,
-//! `max_arenas=` (`arena`), `backtraces=` (`track`), `alignment=`, `threshold=`
+//! `max_arenas=` (`arena`), `backtraces=`, `report_leaks=` (`track`), `alignment=`, `threshold=`
 //! (`align`), `file=` (`log`), `large_handles=` (`vmm`), `pool=`
 //! (`async`: `own`, the device's `default` pool or its `managed` one),
 //! `ipc=` (`async`: the handle its memory exports as, `none`, `posix_fd`

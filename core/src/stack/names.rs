@@ -87,8 +87,9 @@ where
         out_of_line(|| Ok(cx.keep(call, Statistics::new(upstream))))
     });
     b.register("track", |call, cx| {
-        call.expect_args(1, &["backtraces"])?;
+        call.expect_args(1, &["backtraces", "report_leaks"])?;
         let backtraces = call.bool_arg("backtraces")?.unwrap_or(false);
+        let report_leaks = call.bool_arg("report_leaks")?.unwrap_or(true);
         #[cfg(not(feature = "std"))]
         if backtraces {
             let pos = call.keyed("backtraces").map_or(call.pos, |v| v.pos());
@@ -100,6 +101,8 @@ where
         let upstream = cx.upstream(call, 0)?;
         out_of_line(|| {
             let tracking = Tracking::new(upstream);
+            // Said nowhere, as RMM's: what stays outstanding at the drop.
+            let tracking = if report_leaks { tracking } else { tracking.on_leak(|_| {}) };
             #[cfg(feature = "std")]
             let tracking = tracking.with_backtraces(backtraces);
             Ok(cx.keep(call, tracking))
