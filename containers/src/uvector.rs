@@ -385,7 +385,10 @@ where
             Bound::Unbounded => 0,
         };
         let end = match range.end_bound() {
-            Bound::Included(&i) => i.saturating_add(1),
+            // Past the last index there is: no vector holds it.
+            Bound::Included(&i) => {
+                i.checked_add(1).ok_or(ContainerError::IndexOutOfRange { index: i, len: self.len() })?
+            }
             Bound::Excluded(&i) => i,
             Bound::Unbounded => self.len(),
         };

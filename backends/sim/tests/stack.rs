@@ -127,11 +127,7 @@ fn errors_name_the_position() {
             22,
             StackErrorKind::BadValue("backtraces `maybe`: true or false".into()),
         ),
-        (
-            "track(sim, report_leaks=)",
-            24,
-            StackErrorKind::Expected("a value after `=`"),
-        ),
+        ("track(sim, report_leaks=)", 24, StackErrorKind::Expected("a value after `=`")),
         (
             "track(sim, report_leaks=no)",
             24,

@@ -507,6 +507,8 @@ pub fn host_view_elements_ranges_and_iteration<T: Setup>(t: &T) {
     assert_eq!(v.copy_from_slice_at(usize::MAX, &out), Err(oob(usize::MAX)));
     assert_eq!(v.set_element_to_zero_async(huge), Err(oob(huge)));
     assert_eq!(v.slice_to_vec(huge..=huge), Err(oob(huge)));
+    // The last index there is: named as it is (it was one less).
+    assert_eq!(v.slice_to_vec(..=usize::MAX), Err(oob(usize::MAX)));
     // Zero-fill: one element, then all.
     v.set_element_to_zero_async(1).unwrap();
     assert_eq!(v.slice_to_vec(..3).unwrap(), [data[0], 0, data[2]]);
