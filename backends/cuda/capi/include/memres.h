@@ -160,7 +160,8 @@ int memres_stats(int device, memres_stats_t *out);
  * buf may be NULL to ask for the length. */
 size_t memres_last_error(char *buf, size_t len);
 
-/* Copies the stack device runs (or would run if first used now) into buf
+/* Copies the stack device runs (or, not used yet, the one its first use
+ * would build now, unchecked: a malformed one is refused then) into buf
  * as memres_last_error does; returns its length, or 0 with a message (the
  * device is out of range, MEMRES_STACK is not UTF-8). */
 size_t memres_stack(int device, char *buf, size_t len);

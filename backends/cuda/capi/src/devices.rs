@@ -282,7 +282,8 @@ pub fn configure(stack: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// The stack device `device` runs, or would run if used now.
+/// The stack device `device` runs, or, not used yet, the one its first use
+/// would build now (unchecked: a malformed one is refused then).
 ///
 /// # Errors
 ///

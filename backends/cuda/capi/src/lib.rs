@@ -815,8 +815,9 @@ pub unsafe extern "C" fn memres_last_error(buf: *mut c_char, len: usize) -> usiz
     guard(0, || Ok(unsafe { copy_out(&last_error(), buf, len) }))
 }
 
-/// Copies the stack description `device` runs (or would run if first used
-/// now) into `buf` as `memres_last_error` does; returns its length, 0 with
+/// Copies the stack description `device` runs (or, not used yet, the one
+/// its first use would build now, unchecked: a malformed one is refused
+/// then) into `buf` as `memres_last_error` does; returns its length, 0 with
 /// a message when the device is out of range or `MEMRES_STACK` is not UTF-8.
 ///
 /// # Safety
