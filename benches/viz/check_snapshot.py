@@ -25,6 +25,8 @@ SEGMENT_KEYS = {
 }
 BLOCK_KEYS = {"address": int, "size": int, "requested_size": int, "state": str, "frames": list}
 EVENT_KEYS = {"action": str, "addr": int, "size": int, "stream": int, "frames": list}
+# PyTorch's `oom` says the device's free bytes where the others say an address.
+OOM_KEYS = {"action": str, "device_free": int, "size": int, "stream": int, "frames": list}
 
 
 def _fields(what, d, keys):
@@ -61,30 +63,37 @@ def check(snapshot):
         allocated += used
         requested += asked
     traces = snapshot["device_traces"]
-    assert isinstance(traces, list) and len(traces) == 1, "one device"
-    for i, e in enumerate(traces[0]):
-        _fields("event", e, EVENT_KEYS)
-        assert e["action"] in ACTIONS, e["action"]
-        # The first event may have lost its pair to the trace's length.
-        if e["action"] == "free_completed" and i > 0:
-            before = traces[0][i - 1]
-            assert (before["action"], before["addr"]) == ("free_requested", e["addr"]), \
-                f"event {i}: a free_completed of {e['addr']:#x} without its free_requested before it"
-    _undo(snapshot)
-    return reserved, allocated, requested, traces[0]
+    # One trace per device, device 0's at least: the viewer opens it first.
+    assert isinstance(traces, list) and len(traces) >= 1, "no device's trace"
+    for d, trace in enumerate(traces):
+        for i, e in enumerate(trace):
+            assert e.get("action") in ACTIONS, e
+            if e["action"] == "oom":
+                _fields("oom event", e, OOM_KEYS)
+                assert "addr" not in e, f"an oom with an address: {e}"
+                continue
+            _fields("event", e, EVENT_KEYS)
+            # The first event may have lost its pair to the trace's length.
+            if e["action"] == "free_completed" and i > 0:
+                before = trace[i - 1]
+                assert (before["action"], before.get("addr")) == ("free_requested", e["addr"]), \
+                    f"device {d}, event {i}: a free_completed of {e['addr']:#x} without its free_requested before it"
+        _undo(snapshot, d)
+    return reserved, allocated, requested, [e for trace in traces for e in trace]
 
 
-def _undo(snapshot):
-    """The viewer's backward walk: after each event undone, every block lies
-    in a live segment, and each `segment_alloc` undone finds its segment.
+def _undo(snapshot, device):
+    """The viewer's backward walk over `device`'s trace: after each event
+    undone, every block lies in a live segment of the device, and each
+    `segment_alloc` undone finds its segment.
 
     Only what an event changes is looked at (a block brought back, the
     blocks under a segment taken away or replaced), not every block against
     every segment after each event, which grew as events times blocks times
     segments."""
-    segments = {s["address"]: s["total_size"] for s in snapshot["segments"]}
-    blocks = {b["address"]: b["size"] for s in snapshot["segments"] for b in s["blocks"]
-              if b["state"] == "active_allocated"}
+    own = [s for s in snapshot["segments"] if s["device"] == device]
+    segments = {s["address"]: s["total_size"] for s in own}
+    blocks = {b["address"]: b["size"] for s in own for b in s["blocks"] if b["state"] == "active_allocated"}
 
     def covered(addr):
         return any(s <= addr < s + n for s, n in segments.items())
@@ -94,8 +103,8 @@ def _undo(snapshot):
 
     # The blocks in no live segment, kept exact as events are undone.
     orphans = {a for a in blocks if not covered(a)}
-    for e in reversed(snapshot["device_traces"][0]):
-        a, addr = e["action"], e["addr"]
+    for e in reversed(snapshot["device_traces"][device]):
+        a, addr = e["action"], e.get("addr")
         if a == "alloc":
             blocks.pop(addr, None)
             orphans.discard(addr)

@@ -83,6 +83,10 @@ class Snapshot(unittest.TestCase):
         _, _, requested, events = check(snap)
         self.assertEqual(requested, 4096)
         self.assertEqual((events[-1]["action"], events[-1]["size"]), ("oom", 2199023255552))
+        # As PyTorch's: the device's free bytes, and no address (the
+        # simulated device has no driver to ask).
+        self.assertEqual(events[-1]["device_free"], 0)
+        self.assertNotIn("addr", events[-1])
 
     def test_pytorchs_memory_viz_reads_it(self):
         if torch is None:

@@ -101,6 +101,12 @@ mod imp {
         (0, 0)
     }
 
+    /// No device to ask without CUDA: 0, as a snapshot's `oom` says where
+    /// it is not known.
+    pub(crate) fn device_free(_device: u32) -> u64 {
+        0
+    }
+
     /// No device to ask without CUDA.
     pub(crate) fn memory_info(_device: u32) -> PyResult<(u64, u64)> {
         Err(pyo3::exceptions::PyValueError::new_err(
@@ -323,6 +329,12 @@ mod imp {
             .map_or((0, 0), |pools| pools.lock().unwrap_or_else(|p| p.into_inner()).reserved())
     }
 
+    /// Free bytes of `device` now (`cuMemGetInfo`; 0 where the driver
+    /// cannot say), for a snapshot's `oom` event.
+    pub(crate) fn device_free(device: u32) -> u64 {
+        context(device).ok().and_then(|c| c.memory_info().ok()).map_or(0, |info| info.free)
+    }
+
     /// Free and total bytes of `device` now (`cuMemGetInfo`).
     pub(crate) fn memory_info(device: u32) -> PyResult<(u64, u64)> {
         let info = context(device)?.memory_info().map_err(|e| crate::errors::to_py(e, "memory_info"))?;
@@ -380,9 +392,9 @@ pub(crate) fn c_default_stack() -> String {
 #[cfg(feature = "cuda")]
 pub(crate) use imp::pointer_device;
 pub(crate) use imp::{
-    default_memory_pool, default_stream, driver_reserved, engine, handle_of, made_handle, make_stream,
-    memory_info, note_driver_pools, prefetch, stream, Engine, MadeStream, Stream, BACKEND, DEFAULT_LEAF,
-    OTHER_BACKENDS_RESOURCE,
+    default_memory_pool, default_stream, device_free, driver_reserved, engine, handle_of, made_handle,
+    make_stream, memory_info, note_driver_pools, prefetch, stream, Engine, MadeStream, Stream, BACKEND,
+    DEFAULT_LEAF, OTHER_BACKENDS_RESOURCE,
 };
 
 /// The builder of `device`'s stacks: the backend's leaves and the core's

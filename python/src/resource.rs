@@ -642,7 +642,7 @@ impl Resource {
             releasing: built.release_layers(),
             planned: with_upstreams_planned(built.all("planned"), upstreams),
             blocks: Arc::new(Guarded {
-                inner: crate::snapshot::program_side(inner.clone(), map),
+                inner: crate::snapshot::program_side(inner.clone(), map, device),
                 covers: covers.clone(),
                 device,
             }),

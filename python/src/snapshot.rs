@@ -95,11 +95,18 @@ pub(crate) fn tap_leaves(
     }
 }
 
-/// `resource` as the program sees it: its blocks told to `map` while its
-/// record runs, else `resource` itself.
-pub(crate) fn program_side(resource: DynResource<Stream>, map: Option<Map>) -> DynResource<Stream> {
+/// `resource`, of `device`, as the program sees it: its blocks told to
+/// `map` while its record runs (an `oom` with the device's free bytes),
+/// else `resource` itself.
+pub(crate) fn program_side(
+    resource: DynResource<Stream>,
+    map: Option<Map>,
+    device: u32,
+) -> DynResource<Stream> {
     match map {
-        Some(map) => Arc::new(map.tap(resource, Side::Blocks)),
+        Some(map) => Arc::new(
+            map.tap(resource, Side::Blocks).with_device_free(move || crate::backend::device_free(device)),
+        ),
         None => resource,
     }
 }

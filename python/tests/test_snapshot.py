@@ -256,3 +256,39 @@ def test_a_snapshot_makes_no_resource():
     # served by it, not by DEFAULT_STACK.
     memres.snapshot.snapshot()
     assert mr._existing(memres.current_device()) is None
+
+
+def test_an_empty_record_has_device_0s_trace_for_the_viewer():
+    # PyTorch's viewer opens the first device's trace; `device_traces: []`
+    # it could not open (its device list empty, it read an undefined trace).
+    memres.snapshot.record_memory_history()
+    try:
+        snap = memres.snapshot.snapshot(backend="sim")
+        assert snap == {"segments": [], "device_traces": [[]]}
+        check_snapshot.check(snap)
+    finally:
+        memres.snapshot.record_memory_history(enabled=False)
+
+
+def test_an_oom_says_the_devices_free_bytes_and_no_address_as_pytorchs(recording):
+    pool = mr.PoolMemoryResource(mr.SimulatedMemoryResource(64 << 20), initial_pool_size=1 << 20)
+    with pytest.raises(memres.OutOfMemory):
+        pool.allocate(1 << 30)
+    snap = memres.snapshot.snapshot(backend="sim")
+    check_snapshot.check(snap)
+    oom = snap["device_traces"][0][-1]
+    # The simulated device has no driver to ask.
+    assert (oom["action"], oom["size"], oom["device_free"]) == ("oom", 1 << 30, 0)
+    assert "addr" not in oom
+
+
+def test_a_cuda_oom_says_the_free_bytes_the_driver_reports(gpu, recording):
+    # Before, every oom said `device_free: 0`: PyTorch's viewer printed
+    # "CUDA has 0.0B memory free" whatever the device had.
+    limited = mr.LimitingResourceAdaptor(mr.CudaMemoryResource(), 1 << 20)
+    with pytest.raises(memres.OutOfMemory):
+        limited.allocate(2 << 20)
+    oom = memres.snapshot.snapshot()["device_traces"][memres.current_device()][-1]
+    free, total = memres.mr.available_device_memory()
+    assert oom["action"] == "oom" and "addr" not in oom
+    assert 0 < oom["device_free"] <= total and abs(oom["device_free"] - free) < total // 4, (oom, free)

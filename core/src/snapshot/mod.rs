@@ -84,7 +84,9 @@ impl Action {
 pub struct TraceEntry {
     /// What happened.
     pub action: Action,
-    /// The block's or segment's address (0 for `oom`).
+    /// The block's or segment's address; for `oom`, the bytes the device
+    /// had free (PyTorch's `device_free`, which it writes instead of an
+    /// address; 0 where not known).
     pub addr: u64,
     /// Its size (the request's, for `alloc`, the frees' and `oom`).
     pub size: u64,
@@ -546,9 +548,10 @@ impl MemoryMap {
         self.settled(told);
     }
 
-    /// A request of `size` bytes that failed for want of memory.
-    pub fn oom(&mut self, size: u64, stream: u64, time_us: Option<u64>) {
-        self.record(Action::Oom, 0, size, stream, time_us);
+    /// A request of `size` bytes that failed for want of memory, while the
+    /// device had `device_free` bytes free (0: not known).
+    pub fn oom(&mut self, size: u64, stream: u64, device_free: u64, time_us: Option<u64>) {
+        self.record(Action::Oom, device_free, size, stream, time_us);
     }
 
     /// Bytes held from the upstream: the segments' sum.
@@ -689,18 +692,18 @@ impl MemoryMap {
         let events = self
             .trace()
             .map(|e| {
+                // An `oom` says the device's free bytes where the others
+                // say an address, as PyTorch's.
+                let addr = if e.action == Action::Oom { "device_free" } else { "addr" };
                 let mut fields = alloc::vec![
                     ("action", Py::Str(e.action.as_str())),
-                    ("addr", int(e.addr)),
+                    (addr, int(e.addr)),
                     ("size", int(e.size)),
                     ("stream", int(e.stream)),
                     ("frames", Py::List(Vec::new())),
                 ];
                 if let Some(t) = e.time_us {
                     fields.push(("time_us", int(t)));
-                }
-                if e.action == Action::Oom {
-                    fields.push(("device_free", Py::Int(0)));
                 }
                 Py::Dict(fields)
             })
@@ -722,8 +725,10 @@ impl MemoryMap {
 pub fn pickle_devices(maps: &[Option<&MemoryMap>]) -> Vec<u8> {
     let mut segments = Vec::new();
     let mut traces = Vec::new();
-    for (d, map) in maps.iter().enumerate() {
-        match map {
+    // A trace for device 0 at least: PyTorch's viewer opens the first
+    // device's, and one with none it cannot open.
+    for d in 0..maps.len().max(1) {
+        match maps.get(d).copied().flatten() {
             Some(m) => {
                 m.segments_py(d as i128, &mut segments);
                 traces.push(m.trace_py());

@@ -46,13 +46,29 @@ pub enum Side {
 /// # assert!(!pickle.is_empty());
 /// # Ok::<(), memres_core::Error>(())
 /// ```
-#[derive(Debug)]
 pub struct Tap<R> {
     inner: R,
     map: Arc<Shared<MemoryMap>>,
     side: Side,
     /// The record it tells while on; `None`: for as long as it lives.
     recording: Option<Arc<Recording>>,
+    /// Asks the bytes the device has free, for an `oom` event; `None`: 0.
+    device_free: Option<DeviceFree>,
+}
+
+/// What asks a device's free bytes (see [`Tap::with_device_free`]).
+type DeviceFree = Arc<dyn Fn() -> u64 + Send + Sync>;
+
+impl<R: core::fmt::Debug> core::fmt::Debug for Tap<R> {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Tap")
+            .field("inner", &self.inner)
+            .field("map", &self.map)
+            .field("side", &self.side)
+            .field("recording", &self.recording)
+            .field("device_free", &self.device_free.is_some())
+            .finish()
+    }
 }
 
 /// Whether the taps of one record tell their map, shared by them: on when
@@ -102,12 +118,31 @@ impl Default for Recording {
 impl<R> Tap<R> {
     /// `inner`, told to `map` as `side`.
     pub fn new(inner: R, map: Arc<Shared<MemoryMap>>, side: Side) -> Self {
-        Tap { inner, map, side, recording: None }
+        Tap { inner, map, side, recording: None, device_free: None }
     }
 
     /// `inner`, told to `map` as `side` while `recording` is on.
     pub fn in_record(inner: R, map: Arc<Shared<MemoryMap>>, side: Side, recording: Arc<Recording>) -> Self {
-        Tap { inner, map, side, recording: Some(recording) }
+        Tap { inner, map, side, recording: Some(recording), device_free: None }
+    }
+
+    /// Tells each `oom` event what `device_free` answers then: the bytes
+    /// the device has free, as PyTorch's `oom` events say (without it, 0).
+    ///
+    /// ```
+    /// use memres_core::snapshot::{MemoryMap, Side, Tap};
+    /// use memres_core::{MemoryResource, Request, Shared};
+    /// # use memres_core::testing::BumpUpstream;
+    /// use std::sync::Arc;
+    /// let map = Arc::new(Shared::new(MemoryMap::new(10)));
+    /// let tap = Tap::new(BumpUpstream::new(1 << 20), map.clone(), Side::Blocks).with_device_free(|| 4096);
+    /// assert!(tap.allocate(Request::new(2 << 20)?, &()).is_err());
+    /// assert_eq!(map.with(|m| m.trace().last().map(|e| e.addr)), Some(4096)); // an `oom`'s `device_free`
+    /// # Ok::<(), memres_core::Error>(())
+    /// ```
+    pub fn with_device_free(mut self, device_free: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
+        self.device_free = Some(Arc::new(device_free));
+        self
     }
 
     /// Whether it tells its map now.
@@ -135,7 +170,9 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
                 // PyTorch records an `oom` on out of memory only, and its
                 // viewer shows it as such: a backend's error is none.
                 if self.side == Side::Blocks && e.is_out_of_memory() {
-                    self.map.with(|m| m.oom(request.size(), id, None));
+                    // Asked with the map's lock let go: a driver's call.
+                    let free = self.device_free.as_ref().map_or(0, |f| f());
+                    self.map.with(|m| m.oom(request.size(), id, free, None));
                 }
                 return Err(e);
             }

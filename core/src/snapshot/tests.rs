@@ -190,7 +190,7 @@ fn the_trace_keeps_the_last_entries() {
     let mut map = MemoryMap::new(2);
     map.segment_alloc(0, 512, 0, Some(5));
     map.alloc(0, 256, 200, 0, Some(6));
-    map.oom(1 << 40, 0, None);
+    map.oom(1 << 40, 0, 0, None);
     let kept: Vec<Action> = map.trace().map(|e| e.action).collect();
     assert_eq!(kept, [Action::Alloc, Action::Oom]);
     assert_eq!(map.trace().next().unwrap().time_us, Some(6));
@@ -501,7 +501,7 @@ fn a_refused_free_at_a_full_trace_gives_the_trace_back_as_it_was() {
 
     // Another event pushed one out meanwhile: the trace is the last four
     // events as if the free had never been told, the `oom` among them.
-    refused(&mut map, Side::Blocks, 0x1100, 0, |map| map.oom(1 << 40, 0, None));
+    refused(&mut map, Side::Blocks, 0x1100, 0, |map| map.oom(1 << 40, 0, 0, None));
     let mut expected = before[1..].to_vec();
     expected.extend(map.trace().last().copied().filter(|e| e.action == Action::Oom));
     assert_eq!(map.trace().copied().collect::<Vec<_>>(), expected, "an event told meanwhile");
@@ -537,7 +537,7 @@ fn trace_after(entries: usize, steps: &[Step]) -> Vec<TraceEntry> {
     for step in steps {
         match *step {
             Step::Tell(addr) => in_flight.push((addr, Freeing::new(&map, Side::Blocks, addr, 0, None))),
-            Step::Oom(size) => map.with(|m| m.oom(size, 0, None)),
+            Step::Oom(size) => map.with(|m| m.oom(size, 0, 0, None)),
             Step::Refuse(addr) | Step::Done(addr) => {
                 let i = in_flight.iter().position(|(a, _)| *a == addr).unwrap();
                 let (_, freeing) = in_flight.remove(i);
@@ -1212,4 +1212,39 @@ fn a_refused_free_takes_out_its_own_events_not_another_of_its_address() {
         "the refused free of the block took out its own three events"
     );
     assert_eq!((map.held(), map.live()), (0, 192));
+}
+
+/// An `oom` event says the device's free bytes under PyTorch's key,
+/// `device_free`, and has no `addr`, as PyTorch writes it. Before, it had
+/// `addr: 0` and `device_free: 0` whatever the device had free.
+#[test]
+fn an_oom_event_says_the_devices_free_bytes_and_no_address() {
+    use super::pickle::{dumps, Py};
+    let mut map = MemoryMap::new(10);
+    map.oom(1 << 30, 7, 4096, None);
+    let event = Py::Dict(alloc::vec![
+        ("action", Py::Str("oom")),
+        ("device_free", Py::Int(4096)),
+        ("size", Py::Int(1 << 30)),
+        ("stream", Py::Int(7)),
+        ("frames", Py::List(Vec::new())),
+    ]);
+    let expected = Py::Dict(alloc::vec![
+        ("segments", Py::List(Vec::new())),
+        ("device_traces", Py::List(alloc::vec![Py::List(alloc::vec![event])])),
+    ]);
+    assert_eq!(map.pickle(), dumps(&expected));
+}
+
+/// A snapshot of no device has device 0's trace, empty: PyTorch's viewer
+/// opens the first device's, and could not open `device_traces: []`.
+#[test]
+fn a_snapshot_of_no_device_has_an_empty_trace_of_device_0() {
+    use super::pickle::{dumps, Py};
+    let expected = Py::Dict(alloc::vec![
+        ("segments", Py::List(Vec::new())),
+        ("device_traces", Py::List(alloc::vec![Py::List(Vec::new())])),
+    ]);
+    assert_eq!(pickle_devices(&[]), dumps(&expected));
+    assert_eq!(pickle_devices(&[None]), dumps(&expected));
 }

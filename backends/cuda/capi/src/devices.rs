@@ -96,7 +96,7 @@ fn build(d: usize, stack: &str) -> Result<DeviceState, String> {
         logs.push(log);
     }
     if let Some(m) = &map {
-        resource = snapshot::tap_top(resource, m);
+        resource = snapshot::tap_top(resource, m, device);
     }
     // Rust code in this process sees the same resource through the registry.
     memres_core::device::set_per_device_resource::<CudaStream>(d as u32, resource.clone());

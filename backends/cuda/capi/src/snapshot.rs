@@ -64,9 +64,15 @@ pub(crate) fn register_tapped(
     map
 }
 
-/// `resource`, its blocks told to `map`.
-pub(crate) fn tap_top(resource: DynResource<CudaStream>, map: &Map) -> DynResource<CudaStream> {
-    Arc::new(Tap::new(resource, map.clone(), Side::Blocks))
+/// `resource`, of `device`, its blocks told to `map` (an `oom` with the
+/// bytes the device has free then; 0 where the driver cannot say).
+pub(crate) fn tap_top(
+    resource: DynResource<CudaStream>,
+    map: &Map,
+    device: Device,
+) -> DynResource<CudaStream> {
+    let device_free = move || device.memory_info().map_or(0, |info| info.free);
+    Arc::new(Tap::new(resource, map.clone(), Side::Blocks).with_device_free(device_free))
 }
 
 /// Writes the snapshot of every device used so far to `path`.

@@ -377,8 +377,9 @@ pub fn run_snapshot(data: &[u8]) {
             }
             9 => {
                 let (s, stream, t) = (size(u)?, u.int_in_range(0..=2u64)?, time(u)?);
-                map.with(|m| m.oom(s, stream, t));
-                model.record(Action::Oom, 0, s, stream, t);
+                let free = u.arbitrary()?;
+                map.with(|m| m.oom(s, stream, free, t));
+                model.record(Action::Oom, free, s, stream, t);
             }
             _ => {
                 let t = time(u)?;
