@@ -42,7 +42,9 @@
 //! let stream = CudaStream::new(Device::current()?)?;
 //! let block = mr.allocate_on(1 << 20, &stream)?;
 //! mr.deallocate_on(block, &stream)?;
-//! // Containers made without a resource take the device's current one.
+//! // Containers made without a resource take the device's current one:
+//! // here its default, not `mr` (`device::set_per_device_resource_of`
+//! // makes a resource current for them, with the engine it serves).
 //! let v = DeviceUVector::<f32, _, CudaCopy, _>::from_slice(&[1.0, 2.0], &stream).unwrap();
 //! assert_eq!(v.clone().to_vec().unwrap(), [1.0, 2.0]);
 //! # }

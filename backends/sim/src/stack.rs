@@ -156,9 +156,11 @@ pub fn sim_device(call: &Call, nth: u64) -> Result<SimDevice, StackError> {
 /// # Ok::<(), Error>(())
 /// ```
 pub fn nth_sim_device(capacity: u64, nth: u64) -> memres_core::Result<SimDevice> {
+    // The message is a `&'static str`: it names the number itself.
+    const _: () = assert!(SIM_DEVICES == 64);
     if nth >= SIM_DEVICES {
         return Err(memres_core::Error::InvalidConfig {
-            what: "too many simulated devices: their addresses would run into the vpools'",
+            what: "too many simulated devices: at most 64 (devices 0 to 63); the addresses of more would run into the vpools'",
         });
     }
     SimDevice::with_base(capacity, SimDevice::BASE + nth * SimDevice::MAX_CAPACITY)
