@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{alloc, free, gpu, MIB};
+use common::{alloc, free, gpu, try_alloc, MIB};
 use memres::snapshot::{memres_snapshot, SNAPSHOT_VAR};
 use std::ffi::CString;
 
@@ -79,6 +79,19 @@ fn a_snapshot_needs_the_variable_is_written_whole_and_holds_what_was_allocated()
         let s = memres::stats(0).unwrap();
         assert!(s.reserved_current >= 1 << 20, "{s:?}");
         free(p, MIB);
+        // An allocation past the device's memory is an `oom` that says the
+        // bytes the driver reports free (it said 0), and no address.
+        assert!(try_alloc(1 << 60).is_null());
+        assert_eq!(snapshot(&path), 0, "{}", memres::last_error());
+        let bytes = std::fs::read(&path).unwrap();
+        let key = b"device_free";
+        let at = bytes.windows(key.len()).position(|w| w == key).expect("an oom's device_free") + key.len();
+        // A free byte count of a GPU takes LONG1 and 5 bytes or more (as
+        // the pickle writes ints past 2^31); 0 was `J` and 4 zero bytes.
+        assert_eq!(bytes[at], 0x8a, "device_free is no large int: {:?}", &bytes[at..at + 8]);
+        // Right after the action, where the other events say `addr`.
+        let oom = b"oomX\x0b\x00\x00\x00device_free";
+        assert!(bytes.windows(oom.len()).any(|w| w == oom), "an oom with device_free after its action");
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
