@@ -99,6 +99,13 @@ pub enum WorkloadError {
         /// What was skipped, if anything.
         skipped: String,
     },
+    /// A workload that does not fit in the process's memory.
+    TooLarge {
+        /// The spec or path.
+        name: String,
+        /// The operations it held when memory ran out.
+        ops: usize,
+    },
     /// A line of the trace that is not a valid record.
     Malformed {
         /// The trace's path.
@@ -117,6 +124,9 @@ impl fmt::Display for WorkloadError {
             WorkloadError::Io { path, error } => write!(f, "cannot read trace {path}: {error}"),
             WorkloadError::Empty { name, skipped } => {
                 write!(f, "workload `{name}` has no operation to replay{skipped}")
+            }
+            WorkloadError::TooLarge { name, ops } => {
+                write!(f, "workload `{name}` does not fit in this process's memory ({ops} operations held)")
             }
             WorkloadError::Malformed { path, line, what } => {
                 write!(f, "{path}:{line}: malformed line: {what}")
@@ -184,7 +194,7 @@ impl Workload {
     /// If the ops do not allocate ids `0..n` in order, each freed once after
     /// its allocation with its size, or if the bytes live at once pass
     /// `u64::MAX` (a trace that does so is refused when read: [`parse_trace`]).
-    pub fn from_ops(name: String, ops: Vec<Op>, skipped_frees: u64) -> Workload {
+    pub fn from_ops(name: String, ops: Vec<Op>, skipped_frees: u64) -> Result<Workload, WorkloadError> {
         let mut live = 0u64;
         let mut peak_live = 0u64;
         let mut count = 0u32;
@@ -197,6 +207,7 @@ impl Workload {
             if op.alloc {
                 assert_eq!(op.id, ids, "ids are allocated in order");
                 ids += 1;
+                room(&mut sizes, &name, ops.len())?;
                 sizes.push(Some(op.size));
                 live = live.checked_add(op.size).expect("the bytes live at once fit in a u64");
                 count += 1;
@@ -209,7 +220,7 @@ impl Workload {
                 count -= 1;
             }
         }
-        Workload {
+        Ok(Workload {
             name,
             ops,
             ids,
@@ -221,8 +232,15 @@ impl Workload {
             times: None,
             peak_live,
             peak_live_count,
-        }
+        })
     }
+}
+
+/// Room in `v` for one more item, or the error of workload `name`, which
+/// held `ops` operations then: a workload too large for the process's
+/// memory is an error, not an abort.
+fn room<T>(v: &mut Vec<T>, name: &str, ops: usize) -> Result<(), WorkloadError> {
+    v.try_reserve(1).map_err(|_| WorkloadError::TooLarge { name: name.to_owned(), ops })
 }
 
 /// The trace file `spec` names: `None` for a generator (`random:...`,
@@ -319,6 +337,7 @@ pub fn generate(
         }
         if alloc {
             ops.push(Op { size, id: next, stream: 0, alloc: true });
+            room(&mut live, name, ops.len())?;
             live.push((next, size));
             live_bytes += size;
             next += 1;
@@ -336,7 +355,7 @@ pub fn generate(
         }
     }
     ops.extend(live.iter().map(|&(id, size)| Op { size, id, stream: 0, alloc: false }));
-    Ok(Workload::from_ops(name.to_owned(), ops, 0))
+    Workload::from_ops(name.to_owned(), ops, 0)
 }
 
 /// Loads a trace in RMM's log format, plain or gzip (told by its first
@@ -467,6 +486,9 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
     let mut live_bytes = 0u64;
     let mut times: Option<Vec<u64>> = Some(Vec::new());
     let mut days = 0;
+    // Set where memory ran out: the read stops there, and the error is
+    // that, not the line's.
+    let mut too_large = false;
     // Streams are numbered when an op first uses them, so that skipped
     // rows leave no gaps.
     let mut intern = |stream: &str| match streams.get(stream) {
@@ -481,6 +503,18 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
         }
     };
     trace::read(reader, |_, row| {
+        // Room for the row's op, its time and its place among the live
+        // blocks, before anything of it is noted.
+        let fits = ops.try_reserve(1).is_ok()
+            && times.as_mut().is_none_or(|t| t.try_reserve(1).is_ok())
+            && (row.action != Action::Allocate
+                || (live.try_reserve(1).is_ok()
+                    && replaced.try_reserve(1).is_ok()
+                    && empty.try_reserve(1).is_ok()));
+        if !fits {
+            too_large = true;
+            return Err(String::new());
+        }
         match row.action {
             Action::Allocate => {
                 if next == u32::MAX {
@@ -534,18 +568,29 @@ pub fn parse_trace(name: &str, reader: impl BufRead) -> Result<Workload, Workloa
         Ok(())
     })
     .map_err(|e| match e {
+        _ if too_large => WorkloadError::TooLarge { name: name.to_owned(), ops: ops.len() },
         ReadError::Io(error) => WorkloadError::Io { path: name.to_owned(), error },
         ReadError::Malformed { line, what } => WorkloadError::Malformed { path: name.to_owned(), line, what },
     })?;
+    // The frees of the blocks left live, in the order they were allocated.
+    let n = live.len() + replaced.len() + empty.len();
+    let total = ops.len() + n;
+    let mut rest: Vec<(u32, u64, u16)> = Vec::new();
+    let fits = rest.try_reserve_exact(n).is_ok()
+        && ops.try_reserve_exact(n).is_ok()
+        && times.as_mut().is_none_or(|t| t.try_reserve_exact(total - t.len()).is_ok());
+    if !fits {
+        return Err(WorkloadError::TooLarge { name: name.to_owned(), ops: ops.len() });
+    }
     let empty = empty.into_iter().map(|(id, stream)| (id, 0, stream));
-    let mut rest: Vec<(u32, u64, u16)> = live.into_values().chain(replaced).chain(empty).collect();
+    rest.extend(live.into_values().chain(replaced).chain(empty));
     rest.sort_unstable_by_key(|&(id, ..)| id);
     ops.extend(rest.into_iter().map(|(id, size, stream)| Op { size, id, stream, alloc: false }));
     if let Some(t) = &mut times {
         let last = t.last().copied().unwrap_or(0);
         t.resize(ops.len(), last);
     }
-    let mut w = Workload::from_ops(name.to_owned(), ops, skipped);
+    let mut w = Workload::from_ops(name.to_owned(), ops, skipped)?;
     w.failed_allocations = failed;
     (w.reused_pointers, w.size_mismatches) = (reused, mismatched);
     w.times = times;

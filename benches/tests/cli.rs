@@ -696,13 +696,13 @@ fn a_replays_table_that_does_not_fit_fails_its_row() {
 }
 
 /// `memres args` under the least limit of memory (`ulimit -v`, in steps of
-/// 5000 KiB) under which it does not abort: where the workload of 2^22
+/// 5000 KiB) under which the workload loads: where the workload of 2^22
 /// allocations is loaded and its table of handles (96 MiB) is not. The
 /// limits between the one the workload (64 MiB of ops) needs and the one
 /// its table needs too move with the build: they are searched for,
-/// upwards, a run under each either aborting before the table (the
-/// workload does not fit) or failing as the table does not fit. Never an
-/// abort at the table.
+/// upwards, a run under each either refusing the workload (its error, or
+/// an abort where the process's own small allocations fail) or failing as
+/// the table does not fit. Never an abort at the table.
 #[cfg(target_os = "linux")]
 fn under_the_least_memory_that_loads(args: &[&str]) -> std::process::Output {
     use std::os::unix::process::ExitStatusExt;
@@ -713,7 +713,10 @@ fn under_the_least_memory_that_loads(args: &[&str]) -> std::process::Output {
             .output()
             .unwrap();
         assert!(!stderr(&o).contains("memory allocation of 100663296 bytes"), "{kib} KiB: {}", stderr(&o));
-        if o.status.signal().is_none() {
+        // Below, the workload does not load: an abort where the process's
+        // own small allocations fail, else the workload's error.
+        let unloaded = ["does not fit in this process's memory", "too large for this machine's memory"];
+        if o.status.signal().is_none() && !unloaded.iter().any(|u| stderr(&o).contains(u)) {
             return o;
         }
     }
@@ -1763,4 +1766,36 @@ fn a_log_to_standard_output_that_is_a_pipe_writes_into_it() {
     let out = stdout(&o);
     assert!(out.contains("Thread,Time,Action,Pointer,Size,Stream"), "no log in the pipe: {out}");
     assert!(out.contains(",allocate,0x"), "no row in the pipe: {out}");
+}
+
+/// A trace too large for the process's memory (under `ulimit -v`: 8
+/// million allocations of one pointer, each a block the next replaces,
+/// 48 bytes each once loaded) is an error naming the workload, exit
+/// status 2, before anything runs. Before, the loader's vectors grew with
+/// infallible pushes and the allocation that failed aborted the process.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_trace_too_large_for_memory_is_an_error_not_an_abort() {
+    use flate2::{write::GzEncoder, Compression};
+    use std::io::Write;
+    use std::os::unix::process::ExitStatusExt;
+    // One gzip member of 100,000 rows, written 80 times: the loader reads
+    // concatenated members as one file (`cat a.gz b.gz`).
+    let mut member = GzEncoder::new(Vec::new(), Compression::fast());
+    for _ in 0..100_000 {
+        member.write_all(b"0,1,allocate,0x100,256,0\n").unwrap();
+    }
+    let member = member.finish().unwrap();
+    let trace = Fixture::new("huge.csv.gz", "");
+    std::fs::write(trace.path(), member.repeat(80)).unwrap();
+    let o = Command::new("sh")
+        .args(["-c", "ulimit -v 150000 && exec \"$0\" \"$@\"", env!("CARGO_BIN_EXE_memres")])
+        .args(["replay", "--passes", "1", "-r", "pool", trace.path()])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.signal(), None, "{}", stderr(&o));
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let said = format!("workload `{}` does not fit in this process's memory (", trace.path());
+    assert!(stderr(&o).contains(&said), "{}", stderr(&o));
+    assert!(!stderr(&o).contains("memory allocation of"), "{}", stderr(&o));
 }

@@ -6,7 +6,7 @@ const MIB: u64 = 1 << 20;
 
 fn workload(steps: &[(bool, u32, u64)]) -> Workload {
     let ops = steps.iter().map(|&(alloc, id, size)| Op { size, id, stream: 0, alloc }).collect();
-    Workload::from_ops("test".into(), ops, 0)
+    Workload::from_ops("test".into(), ops, 0).unwrap()
 }
 
 #[test]
