@@ -34,7 +34,7 @@ def record_memory_history(enabled="all", max_entries=DEFAULT_MAX_ENTRIES):
     ``torch.cuda.memory._record_memory_history``: ``enabled="all"`` (or
     ``True``) records the segments and blocks and keeps the last
     ``max_entries`` events of each device; ``"state"`` records the segments
-    and blocks only (the snapshot's ``device_traces`` stay empty); ``None``
+    and blocks only (each device's trace in ``device_traces`` stays empty); ``None``
     (or ``False``) stops recording: the resources built during the record
     tell it nothing more, and it stays readable as it was. A
     ``max_entries`` past what the native side counts (64 bits) keeps every

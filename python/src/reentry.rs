@@ -9,7 +9,9 @@
 //! progress on the thread is re-entrant. An allocation (anything that
 //! takes the stack's locks) is then refused with [`Error::Reentrant`] and
 //! changes nothing; a free is deferred, and applied once the outermost call
-//! in progress on the thread returns, with no lock of a stack held. A
+//! in progress on the thread returns, with no lock of a stack held (with
+//! greenlets, once no call is in progress on the thread: a call of one
+//! suspended inside a callback holds the deferred frees until it ends). A
 //! deferred free keeps what it is made with until it is applied: the
 //! stream value it was asked on (a per-thread stream's value says whose
 //! thread's it is) and what keeps that stream's handle valid (its Python

@@ -31,8 +31,8 @@ def test_every_level_is_set_and_read_back_as_rmms(level):
 
 @pytest.mark.parametrize("python_level, expected", [(1, level_enum.trace), (15, level_enum.info),
                                                      (logging.WARNING, level_enum.warn),
-                                                     (55, level_enum.off), (65, level_enum.off),
-                                                     (100, level_enum.off)])
+                                                     (55, level_enum.off), (100, level_enum.off),
+                                                     (logging.CRITICAL + 20, level_enum.n_levels)])
 def test_a_python_level_between_rmms_reads_as_the_lowest_level_logged(python_level, expected):
     # `logging` takes any number: at 15 debug records are not logged, info
     # ones are; at 55 not even critical ones.

@@ -46,6 +46,7 @@ pub enum Side {
 /// # assert!(!pickle.is_empty());
 /// # Ok::<(), memres_core::Error>(())
 /// ```
+#[derive(Debug)]
 pub struct Tap<R> {
     inner: R,
     map: Arc<Shared<MemoryMap>>,
@@ -57,17 +58,11 @@ pub struct Tap<R> {
 }
 
 /// What asks a device's free bytes (see [`Tap::with_device_free`]).
-type DeviceFree = Arc<dyn Fn() -> u64 + Send + Sync>;
+struct DeviceFree(Arc<dyn Fn() -> u64 + Send + Sync>);
 
-impl<R: core::fmt::Debug> core::fmt::Debug for Tap<R> {
+impl core::fmt::Debug for DeviceFree {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.debug_struct("Tap")
-            .field("inner", &self.inner)
-            .field("map", &self.map)
-            .field("side", &self.side)
-            .field("recording", &self.recording)
-            .field("device_free", &self.device_free.is_some())
-            .finish()
+        f.write_str("DeviceFree")
     }
 }
 
@@ -141,7 +136,7 @@ impl<R> Tap<R> {
     /// # Ok::<(), memres_core::Error>(())
     /// ```
     pub fn with_device_free(mut self, device_free: impl Fn() -> u64 + Send + Sync + 'static) -> Self {
-        self.device_free = Some(Arc::new(device_free));
+        self.device_free = Some(DeviceFree(Arc::new(device_free)));
         self
     }
 
@@ -171,7 +166,7 @@ impl<S: Stream + ?Sized, R: MemoryResource<S>> MemoryResource<S> for Tap<R> {
                 // viewer shows it as such: a backend's error is none.
                 if self.side == Side::Blocks && e.is_out_of_memory() {
                     // Asked with the map's lock let go: a driver's call.
-                    let free = self.device_free.as_ref().map_or(0, |f| f());
+                    let free = self.device_free.as_ref().map_or(0, |f| (f.0)());
                     self.map.with(|m| m.oom(request.size(), id, free, None));
                 }
                 return Err(e);
