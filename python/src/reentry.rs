@@ -144,12 +144,15 @@ type Deferred = (Option<Covers>, Box<dyn FnOnce() + Send>);
 struct State {
     /// The calls in progress on this thread, in the order they began.
     active: Vec<Frame>,
-    /// The number of the next call or callback.
+    /// The number of the next call, callback or vouch.
     next: u64,
     /// The call whose code runs now, in `active` (`None`: none); the
     /// callbacks that run now are its.
     current: Option<u64>,
     deferred: VecDeque<Deferred>,
+    /// The streams that calls in progress vouch for ([`vouched_for`]):
+    /// each vouch's number and its stream's handle.
+    vouches: Vec<(u64, u64)>,
 }
 
 impl State {
@@ -416,22 +419,6 @@ impl MemoryResource<Stream> for Guarded {
 /// [`Error::Reentrant`], as through [`Guarded`].
 pub(crate) struct CFrees(pub(crate) Arc<Guarded>);
 
-/// The streams that calls in progress on a thread vouch for
-/// ([`vouched_for`]).
-#[derive(Default)]
-struct Vouches {
-    /// The number of the next vouch.
-    next: u64,
-    /// Each vouch's number and its stream's handle: taken out by number,
-    /// so that calls that end out of order (greenlets switched inside a
-    /// callback) take out their own.
-    held: Vec<(u64, u64)>,
-}
-
-thread_local! {
-    static VOUCHED_FOR: RefCell<Vouches> = RefCell::default();
-}
-
 /// Runs `f`, the free of `memres_py_free`, with `stream` vouched for: a
 /// free of [`CFrees`] on a stream of the same handle may be deferred.
 ///
@@ -440,10 +427,11 @@ thread_local! {
 /// The stream that `stream`'s handle names stays valid until every free
 /// deferred on it meanwhile is applied.
 pub(crate) unsafe fn vouched_for<T>(stream: &Stream, f: impl FnOnce() -> T) -> T {
+    /// Taken out by its number, as calls are (see [`State`]).
     struct Unvouch(u64);
     impl Drop for Unvouch {
         fn drop(&mut self) {
-            let _ = VOUCHED_FOR.try_with(|v| v.borrow_mut().held.retain(|&(n, _)| n != self.0));
+            with_state(|s| s.vouches.retain(|&(n, _)| n != self.0));
         }
     }
     // No free is deferred before a stack was given Python functions
@@ -452,21 +440,18 @@ pub(crate) unsafe fn vouched_for<T>(stream: &Stream, f: impl FnOnce() -> T) -> T
         return f();
     }
     let handle = backend::handle_of(stream);
-    let vouch = VOUCHED_FOR.try_with(|v| {
-        let mut v = v.borrow_mut();
-        let n = v.next;
-        v.next += 1;
-        v.held.push((n, handle));
-        n
+    let _unvouch = with_state(|s| {
+        let n = s.number();
+        s.vouches.push((n, handle));
+        Unvouch(n)
     });
-    let _unvouch = vouch.ok().map(Unvouch);
     f()
 }
 
 /// Whether a call in progress on this thread vouches for the stream of
 /// `handle` ([`vouched_for`]).
 fn vouched(handle: u64) -> bool {
-    VOUCHED_FOR.try_with(|v| v.borrow().held.iter().any(|&(_, h)| h == handle)).unwrap_or(false)
+    with_state(|s| s.vouches.iter().any(|&(_, h)| h == handle)).unwrap_or(false)
 }
 
 impl MemoryResource<Stream> for CFrees {
